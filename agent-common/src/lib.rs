@@ -1,0 +1,4 @@
+//! Types shared by the agent and (later) its eBPF programs. `#![no_std]`.
+#![no_std]
+
+pub mod wire;

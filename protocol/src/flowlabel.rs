@@ -1,0 +1,182 @@
+//! ECMP flow-label expansion: label i = hash(seed, i, epoch) masked to 20 bits; the
+//! stable ~80% of indexes use epoch 0, every 5th index folds in the rotation epoch.
+//!
+//! The "hash" is a keyed 20-bit permutation (a 4-round Feistel network whose round
+//! function is a splitmix64-style finalizer) applied to a per-index input that is
+//! distinct for every index of one epoch. Labels of one set are therefore pairwise
+//! distinct, so n labels really are n candidate paths (a plain hash would collide with
+//! probability ~n^2/2^21).
+
+pub const FLOW_LABEL_MASK: u32 = 0xF_FFFF;
+
+/// Every `ROTATE_EVERY`-th index (0, 5, 10, ...) rotates with the epoch.
+pub const ROTATE_EVERY: u32 = 5;
+
+/// floor(unix_sec / period); a period of 0 disables rotation (epoch 0).
+pub fn rotation_epoch(unix_sec: u64, period_sec: u64) -> u64 {
+    unix_sec.checked_div(period_sec).unwrap_or(0)
+}
+
+/// splitmix64 finalizer: a bijective 64-bit mixer with full avalanche.
+fn mix64(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+const HALF_BITS: u32 = 10;
+const HALF_MASK: u32 = (1 << HALF_BITS) - 1;
+
+/// Keyed permutation of the 20-bit space.
+fn permute20(key: u64, x: u32) -> u32 {
+    let mut l = (x >> HALF_BITS) & HALF_MASK;
+    let mut r = x & HALF_MASK;
+    for round in 0..4u64 {
+        let f = mix64(key ^ mix64((round << 32) | r as u64)) as u32 & HALF_MASK;
+        let nl = r;
+        r = l ^ f;
+        l = nl;
+    }
+    (l << HALF_BITS) | r
+}
+
+/// One target's flow-label set, sent round-robin.
+#[derive(Debug, Clone)]
+pub struct FlowLabelSet {
+    seed: u32,
+    count: u32,
+    legacy: u32,
+    next: u32,
+}
+
+impl FlowLabelSet {
+    /// `count <= 1` means the legacy single `flow_label`, used verbatim.
+    pub fn new(seed: u32, count: u32, legacy_flow_label: u32) -> Self {
+        FlowLabelSet { seed, count, legacy: legacy_flow_label & FLOW_LABEL_MASK, next: 0 }
+    }
+
+    /// Label of index `i` under `epoch`.
+    ///
+    /// Input to the permutation: stable index i -> i (top bit clear); rotating index
+    /// i -> top bit set | (i/5 + offset(epoch)) mod 2^19. Both are injective per epoch
+    /// for sets below 2^19 labels, so the labels of a set are distinct.
+    pub fn label(&self, index: u32, epoch: u64) -> u32 {
+        if self.count <= 1 {
+            return self.legacy;
+        }
+        const HALF_SPACE: u32 = 1 << 19;
+        let key = mix64(self.seed as u64 ^ 0x5250_494E_474D_4553); // "RPINGMES"
+        let x = if index % ROTATE_EVERY == 0 {
+            let offset = mix64(key ^ mix64(epoch)) as u32;
+            HALF_SPACE | ((index / ROTATE_EVERY).wrapping_add(offset) & (HALF_SPACE - 1))
+        } else {
+            index & (HALF_SPACE - 1)
+        };
+        permute20(key, x) & FLOW_LABEL_MASK
+    }
+
+    /// Next label in round-robin order.
+    pub fn next_label(&mut self, epoch: u64) -> u32 {
+        let l = self.label(self.next, epoch);
+        self.next = (self.next + 1) % self.len();
+        l
+    }
+
+    /// Number of labels (1 for the legacy single label).
+    pub fn len(&self) -> u32 {
+        self.count.max(1)
+    }
+
+    /// Never empty: there is always at least the legacy label.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    #[test]
+    fn epochs() {
+        assert_eq!(rotation_epoch(7_199, 3_600), 1);
+        assert_eq!(rotation_epoch(7_200, 3_600), 2);
+        assert_eq!(rotation_epoch(1_700_000_000, 0), 0);
+    }
+
+    #[test]
+    fn mixer_matches_splitmix64_reference() {
+        // splitmix64 with state 0: first output is mix64(0x9E3779B97F4A7C15).
+        assert_eq!(mix64(0x9E37_79B9_7F4A_7C15), 0xE220_A839_7B1D_CDAF);
+    }
+
+    #[test]
+    fn permutation_is_bijective() {
+        let mut seen = vec![false; 1 << 20];
+        for x in 0..(1u32 << 20) {
+            let y = permute20(42, x) as usize;
+            assert!(!seen[y], "collision at {x}");
+            seen[y] = true;
+        }
+    }
+
+    #[test]
+    fn deterministic_and_in_range() {
+        let a = FlowLabelSet::new(0xDEAD_BEEF, 64, 0);
+        let b = FlowLabelSet::new(0xDEAD_BEEF, 64, 0);
+        let c = FlowLabelSet::new(0xDEAD_BEEE, 64, 0);
+        let mut differs = 0;
+        for i in 0..64 {
+            assert_eq!(a.label(i, 17), b.label(i, 17));
+            assert!(a.label(i, 17) <= FLOW_LABEL_MASK);
+            if a.label(i, 17) != c.label(i, 17) {
+                differs += 1;
+            }
+        }
+        assert!(differs > 60, "another seed gives other labels ({differs}/64 differ)");
+    }
+
+    #[test]
+    fn distinct_over_64_for_many_seeds_and_epochs() {
+        for seed in 0..200u32 {
+            let s = FlowLabelSet::new(seed.wrapping_mul(0x9E37_79B9), 64, 0);
+            for epoch in [0u64, 1, 472_222, u64::MAX] {
+                let set: HashSet<u32> = (0..64).map(|i| s.label(i, epoch)).collect();
+                assert_eq!(set.len(), 64, "seed {seed} epoch {epoch}");
+            }
+        }
+    }
+
+    #[test]
+    fn rotation_changes_exactly_every_fifth_index() {
+        let s = FlowLabelSet::new(12_345, 64, 0);
+        for (e1, e2) in [(0u64, 1u64), (472_222, 472_223), (5, 900)] {
+            for i in 0..64 {
+                let changed = s.label(i, e1) != s.label(i, e2);
+                assert_eq!(changed, i % 5 == 0, "index {i} epochs {e1}->{e2}");
+            }
+        }
+    }
+
+    #[test]
+    fn legacy_single_label() {
+        for count in [0, 1] {
+            let mut s = FlowLabelSet::new(999, count, 0xABCDE);
+            assert_eq!(s.len(), 1);
+            assert_eq!(s.next_label(3), 0xABCDE);
+            assert_eq!(s.next_label(4), 0xABCDE);
+            assert_eq!(s.label(5, 9), 0xABCDE);
+        }
+        // Masked to 20 bits.
+        assert_eq!(FlowLabelSet::new(1, 1, 0xFFF_ABCDE).label(0, 0), 0xABCDE);
+    }
+
+    #[test]
+    fn round_robin() {
+        let mut s = FlowLabelSet::new(7, 3, 0);
+        let want: Vec<u32> = (0..3).map(|i| s.label(i, 2)).collect();
+        let got: Vec<u32> = (0..7).map(|_| s.next_label(2)).collect();
+        assert_eq!(got, [want[0], want[1], want[2], want[0], want[1], want[2], want[0]]);
+    }
+}

@@ -1,0 +1,25 @@
+//! Sans-IO core of the 6-timestamp probing protocol (quinn-proto style): state machines
+//! take events with timestamps the caller measured and return packets to send and results.
+//! No socket, no verbs, no clock inside: every transport drives the same code.
+//!
+//! CONTRACT: the public signatures in this crate are what `agent` codes against.
+//! Bodies marked todo!() are implemented by the core/udp work.
+
+pub mod aggregate;
+pub mod flowlabel;
+pub mod prober;
+pub mod responder;
+pub mod rtt;
+pub mod schedule;
+
+pub use rpingmesh_agent_common::wire;
+
+/// Index of a probe target in the agent's current target table.
+pub type TargetId = u32;
+
+/// Pinglist kinds, in `controller_agent.PinglistType` numbering.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum PinglistKind {
+    TorMesh = 0,
+    InterTor = 1,
+}

@@ -1,0 +1,178 @@
+//! RTT math of the 6-timestamp protocol.
+//!
+//! NetworkRTT = (T5 - T2) - (T4 - T3); ProberDelay = (T6 - T1) - (T5 - T2);
+//! ResponderDelay = T4 - T3. Each difference is taken within one clock domain.
+
+/// The six timestamps of one probe, in ns. `None` = never observed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Timestamps {
+    pub t1: Option<u64>,
+    pub t2: Option<u64>,
+    pub t3: Option<u64>,
+    pub t4: Option<u64>,
+    pub t5: Option<u64>,
+    pub t6: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RttSample {
+    pub network_rtt_ns: u64,
+    pub prober_delay_ns: u64,
+    pub responder_delay_ns: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum InvalidReason {
+    MissingTimestamp,
+    /// A difference came out negative (clock domain or ordering problem).
+    Negative,
+    /// A value above `MAX_PLAUSIBLE_NS`.
+    Absurd,
+}
+
+impl InvalidReason {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            InvalidReason::MissingTimestamp => "missing_timestamp",
+            InvalidReason::Negative => "negative_rtt",
+            InvalidReason::Absurd => "absurd_rtt",
+        }
+    }
+}
+
+/// Anything above 10 s is not a datacenter RTT: flagged invalid, never reported.
+pub const MAX_PLAUSIBLE_NS: u64 = 10_000_000_000;
+
+impl Timestamps {
+    /// All six known.
+    pub fn is_complete(&self) -> bool {
+        self.t1.is_some()
+            && self.t2.is_some()
+            && self.t3.is_some()
+            && self.t4.is_some()
+            && self.t5.is_some()
+            && self.t6.is_some()
+    }
+}
+
+/// `a - b`, or `Negative` when `a < b`.
+fn diff(a: u64, b: u64) -> Result<u64, InvalidReason> {
+    a.checked_sub(b).ok_or(InvalidReason::Negative)
+}
+
+/// Computes the three delays. Order of checks: missing, then negative, then absurd.
+pub fn compute(ts: &Timestamps) -> Result<RttSample, InvalidReason> {
+    let (Some(t1), Some(t2), Some(t3), Some(t4), Some(t5), Some(t6)) =
+        (ts.t1, ts.t2, ts.t3, ts.t4, ts.t5, ts.t6)
+    else {
+        return Err(InvalidReason::MissingTimestamp);
+    };
+    // Each raw difference stays inside one clock domain: T5-T2 prober NIC/kernel clock,
+    // T4-T3 responder clock, T6-T1 prober monotonic clock.
+    let prober_wire = diff(t5, t2)?;
+    let responder_delay = diff(t4, t3)?;
+    let prober_total = diff(t6, t1)?;
+    let network_rtt = diff(prober_wire, responder_delay)?;
+    let prober_delay = diff(prober_total, prober_wire)?;
+    if network_rtt > MAX_PLAUSIBLE_NS
+        || prober_delay > MAX_PLAUSIBLE_NS
+        || responder_delay > MAX_PLAUSIBLE_NS
+    {
+        return Err(InvalidReason::Absurd);
+    }
+    Ok(RttSample {
+        network_rtt_ns: network_rtt,
+        prober_delay_ns: prober_delay,
+        responder_delay_ns: responder_delay,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ts(v: [u64; 6]) -> Timestamps {
+        Timestamps {
+            t1: Some(v[0]),
+            t2: Some(v[1]),
+            t3: Some(v[2]),
+            t4: Some(v[3]),
+            t5: Some(v[4]),
+            t6: Some(v[5]),
+        }
+    }
+
+    #[test]
+    fn values() {
+        // Prober monotonic around 1_000, realtime around 5_000_000; responder realtime
+        // around 9_000_000 (unsynchronised clocks are fine: differences only).
+        let t = ts([1_000, 5_000_100, 9_000_000, 9_000_300, 5_001_400, 3_000]);
+        let s = compute(&t).unwrap();
+        // T5-T2 = 1300, T4-T3 = 300 -> network 1000; T6-T1 = 2000 -> prober delay 700.
+        assert_eq!(
+            s,
+            RttSample { network_rtt_ns: 1_000, prober_delay_ns: 700, responder_delay_ns: 300 }
+        );
+    }
+
+    #[test]
+    fn zero_delays_are_valid() {
+        let s = compute(&ts([10, 20, 30, 30, 20, 10])).unwrap();
+        assert_eq!(s, RttSample { network_rtt_ns: 0, prober_delay_ns: 0, responder_delay_ns: 0 });
+    }
+
+    #[test]
+    fn missing_each_timestamp() {
+        let full = ts([1, 2, 3, 4, 5, 6]);
+        for i in 0..6 {
+            let mut t = full;
+            match i {
+                0 => t.t1 = None,
+                1 => t.t2 = None,
+                2 => t.t3 = None,
+                3 => t.t4 = None,
+                4 => t.t5 = None,
+                _ => t.t6 = None,
+            }
+            assert!(!t.is_complete());
+            assert_eq!(compute(&t), Err(InvalidReason::MissingTimestamp), "missing t{}", i + 1);
+        }
+        assert!(full.is_complete());
+        assert_eq!(compute(&Timestamps::default()), Err(InvalidReason::MissingTimestamp));
+    }
+
+    #[test]
+    fn negative_cases() {
+        // T5 < T2
+        assert_eq!(compute(&ts([0, 100, 0, 0, 99, 1000])), Err(InvalidReason::Negative));
+        // T4 < T3
+        assert_eq!(compute(&ts([0, 100, 50, 49, 200, 1000])), Err(InvalidReason::Negative));
+        // T6 < T1
+        assert_eq!(compute(&ts([1000, 100, 0, 0, 200, 999])), Err(InvalidReason::Negative));
+        // responder delay longer than the prober saw on the wire
+        assert_eq!(compute(&ts([0, 100, 0, 101, 200, 1000])), Err(InvalidReason::Negative));
+        // prober total shorter than its wire time
+        assert_eq!(compute(&ts([0, 100, 0, 10, 200, 99])), Err(InvalidReason::Negative));
+    }
+
+    #[test]
+    fn absurd_cases() {
+        let big = MAX_PLAUSIBLE_NS + 1;
+        // network RTT absurd
+        assert_eq!(compute(&ts([0, 0, 0, 0, big, big])), Err(InvalidReason::Absurd));
+        // prober delay absurd
+        assert_eq!(compute(&ts([0, 0, 0, 0, 10, big + 10])), Err(InvalidReason::Absurd));
+        // responder delay absurd (network rtt stays 0)
+        assert_eq!(compute(&ts([0, 0, 0, big, big, big])), Err(InvalidReason::Absurd));
+        // exactly the limit is still plausible
+        let lim = MAX_PLAUSIBLE_NS;
+        assert!(compute(&ts([0, 0, 0, 0, lim, lim])).is_ok());
+    }
+
+    #[test]
+    fn reason_strings() {
+        assert_eq!(InvalidReason::MissingTimestamp.as_str(), "missing_timestamp");
+        assert_eq!(InvalidReason::Negative.as_str(), "negative_rtt");
+        assert_eq!(InvalidReason::Absurd.as_str(), "absurd_rtt");
+    }
+}
