@@ -44,12 +44,23 @@ pub struct ProbePacket {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WireError {
     /// Fewer than 40 bytes.
-    Short { len: usize },
-    BadVersion { version: u8 },
-    UnknownMsgType { msg_type: u8 },
-    UnknownAckType { ack_type: u8 },
+    Short {
+        len: usize,
+    },
+    BadVersion {
+        version: u8,
+    },
+    UnknownMsgType {
+        msg_type: u8,
+    },
+    UnknownAckType {
+        ack_type: u8,
+    },
     /// A probe with ack_type != 0, or an ACK with ack_type == 0.
-    Inconsistent { msg_type: u8, ack_type: u8 },
+    Inconsistent {
+        msg_type: u8,
+        ack_type: u8,
+    },
 }
 
 impl core::fmt::Display for WireError {
@@ -59,13 +70,22 @@ impl core::fmt::Display for WireError {
                 write!(f, "probe packet too short: {len} bytes, need {PACKET_LEN}")
             }
             WireError::BadVersion { version } => {
-                write!(f, "probe packet version {version} unsupported (expected {WIRE_VERSION})")
+                write!(
+                    f,
+                    "probe packet version {version} unsupported (expected {WIRE_VERSION})"
+                )
             }
             WireError::UnknownMsgType { msg_type } => {
-                write!(f, "probe packet msg_type {msg_type} unknown (0 probe, 1 ack)")
+                write!(
+                    f,
+                    "probe packet msg_type {msg_type} unknown (0 probe, 1 ack)"
+                )
             }
             WireError::UnknownAckType { ack_type } => {
-                write!(f, "probe packet ack_type {ack_type} unknown (0 n/a, 1 first, 2 second)")
+                write!(
+                    f,
+                    "probe packet ack_type {ack_type} unknown (0 n/a, 1 first, 2 second)"
+                )
             }
             WireError::Inconsistent { msg_type, ack_type } => write!(
                 f,
@@ -174,7 +194,10 @@ impl ProbePacket {
             MsgType::Ack => ack_type != AckType::None,
         };
         if !consistent {
-            return Err(WireError::Inconsistent { msg_type: buf[1], ack_type: buf[2] });
+            return Err(WireError::Inconsistent {
+                msg_type: buf[1],
+                ack_type: buf[2],
+            });
         }
         // Reserved bytes are not checked: a future sender may use them.
         Ok(ProbePacket {
@@ -259,7 +282,10 @@ mod tests {
 
     #[test]
     fn short_packet() {
-        assert_eq!(ProbePacket::decode(&GOLDEN_PROBE[..39]), Err(WireError::Short { len: 39 }));
+        assert_eq!(
+            ProbePacket::decode(&GOLDEN_PROBE[..39]),
+            Err(WireError::Short { len: 39 })
+        );
         assert_eq!(ProbePacket::decode(&[]), Err(WireError::Short { len: 0 }));
     }
 
@@ -268,7 +294,10 @@ mod tests {
         for v in [0u8, 2, 0xFF] {
             let mut b = GOLDEN_PROBE;
             b[0] = v;
-            assert_eq!(ProbePacket::decode(&b), Err(WireError::BadVersion { version: v }));
+            assert_eq!(
+                ProbePacket::decode(&b),
+                Err(WireError::BadVersion { version: v })
+            );
         }
     }
 
@@ -276,10 +305,16 @@ mod tests {
     fn unknown_types() {
         let mut b = GOLDEN_PROBE;
         b[1] = 2;
-        assert_eq!(ProbePacket::decode(&b), Err(WireError::UnknownMsgType { msg_type: 2 }));
+        assert_eq!(
+            ProbePacket::decode(&b),
+            Err(WireError::UnknownMsgType { msg_type: 2 })
+        );
         let mut b = GOLDEN_SECOND_ACK;
         b[2] = 3;
-        assert_eq!(ProbePacket::decode(&b), Err(WireError::UnknownAckType { ack_type: 3 }));
+        assert_eq!(
+            ProbePacket::decode(&b),
+            Err(WireError::UnknownAckType { ack_type: 3 })
+        );
     }
 
     #[test]
@@ -288,13 +323,19 @@ mod tests {
         b[2] = 1;
         assert_eq!(
             ProbePacket::decode(&b),
-            Err(WireError::Inconsistent { msg_type: 0, ack_type: 1 })
+            Err(WireError::Inconsistent {
+                msg_type: 0,
+                ack_type: 1
+            })
         );
         let mut b = GOLDEN_SECOND_ACK;
         b[2] = 0;
         assert_eq!(
             ProbePacket::decode(&b),
-            Err(WireError::Inconsistent { msg_type: 1, ack_type: 0 })
+            Err(WireError::Inconsistent {
+                msg_type: 1,
+                ack_type: 0
+            })
         );
     }
 
@@ -314,7 +355,13 @@ mod tests {
         assert!(format!("{}", WireError::BadVersion { version: 9 }).contains("version 9"));
         assert!(format!("{}", WireError::UnknownMsgType { msg_type: 7 }).contains("msg_type 7"));
         assert!(format!("{}", WireError::UnknownAckType { ack_type: 4 }).contains("ack_type 4"));
-        assert!(format!("{}", WireError::Inconsistent { msg_type: 1, ack_type: 0 })
-            .contains("msg_type 1 with ack_type 0"));
+        assert!(format!(
+            "{}",
+            WireError::Inconsistent {
+                msg_type: 1,
+                ack_type: 0
+            }
+        )
+        .contains("msg_type 1 with ack_type 0"));
     }
 }

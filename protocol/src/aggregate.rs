@@ -1,9 +1,18 @@
 //! Per-path aggregation over fixed windows into PathSummary-shaped records.
+//!
+//! Counting is exact. Percentiles are exact nearest-rank over the kept samples: up to
+//! `SAMPLE_CAP` successful probes per (key, window) are all kept; beyond that a uniform
+//! reservoir (Algorithm R, deterministic xorshift PRNG) of `SAMPLE_CAP` probes is kept, so
+//! memory per path stays bounded at any probe rate. Min/max RTT stay exact.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
 
 use crate::prober::ProbeResult;
+use crate::rtt::RttSample;
+
+/// Samples kept per (key, window) before reservoir sampling starts.
+pub const SAMPLE_CAP: usize = 16_384;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct WindowSummary {
@@ -25,21 +34,300 @@ pub struct WindowSummary {
     pub responder_delay_p99_ns: u64,
 }
 
+#[derive(Debug, Default)]
+struct Acc {
+    total: u32,
+    success: u32,
+    failed: u32,
+    invalid: u32,
+    rtt_min: u64,
+    rtt_max: u64,
+    network: Vec<u64>,
+    prober: Vec<u64>,
+    responder: Vec<u64>,
+    rng: u64,
+}
+
+impl Acc {
+    fn add_sample(&mut self, s: &RttSample, cap: usize) {
+        if self.success == 0 {
+            self.rtt_min = s.network_rtt_ns;
+            self.rtt_max = s.network_rtt_ns;
+        } else {
+            self.rtt_min = self.rtt_min.min(s.network_rtt_ns);
+            self.rtt_max = self.rtt_max.max(s.network_rtt_ns);
+        }
+        self.success += 1;
+        if self.network.len() < cap {
+            self.network.push(s.network_rtt_ns);
+            self.prober.push(s.prober_delay_ns);
+            self.responder.push(s.responder_delay_ns);
+            return;
+        }
+        // Algorithm R: the k-th sample replaces a random slot with probability cap/k.
+        let j = (self.next_rand() % self.success as u64) as usize;
+        if j < cap {
+            self.network[j] = s.network_rtt_ns;
+            self.prober[j] = s.prober_delay_ns;
+            self.responder[j] = s.responder_delay_ns;
+        }
+    }
+
+    fn next_rand(&mut self) -> u64 {
+        // xorshift64*; seeded lazily with a fixed non-zero constant.
+        if self.rng == 0 {
+            self.rng = 0x2545_F491_4F6C_DD1D;
+        }
+        self.rng ^= self.rng >> 12;
+        self.rng ^= self.rng << 25;
+        self.rng ^= self.rng >> 27;
+        self.rng.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn summary(mut self, start: u64, window_ns: u64) -> WindowSummary {
+        let (n50, n99) = p50_p99(&mut self.network);
+        let (p50, p99) = p50_p99(&mut self.prober);
+        let (r50, r99) = p50_p99(&mut self.responder);
+        WindowSummary {
+            window_start_unix_ns: start,
+            window_duration_ms: (window_ns / 1_000_000).min(u32::MAX as u64) as u32,
+            probe_total: self.total,
+            probe_success: self.success,
+            probe_failed: self.failed,
+            invalid_rtt_count: self.invalid,
+            network_rtt_min_ns: self.rtt_min,
+            network_rtt_max_ns: self.rtt_max,
+            network_rtt_p50_ns: n50,
+            network_rtt_p99_ns: n99,
+            prober_delay_p50_ns: p50,
+            prober_delay_p99_ns: p99,
+            responder_delay_p50_ns: r50,
+            responder_delay_p99_ns: r99,
+        }
+    }
+}
+
+/// Nearest-rank percentile of sorted data: the value at rank ceil(p/100 * n).
+pub fn nearest_rank(sorted: &[u64], p: u32) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let n = sorted.len() as u64;
+    let rank = (p.min(100) as u64 * n).div_ceil(100).max(1);
+    sorted[(rank - 1) as usize]
+}
+
+fn p50_p99(v: &mut [u64]) -> (u64, u64) {
+    v.sort_unstable();
+    (nearest_rank(v, 50), nearest_rank(v, 99))
+}
+
+/// Accumulates probe outcomes per key in windows aligned to multiples of `window_ns`.
 pub struct PathAggregator<K> {
-    _k: core::marker::PhantomData<K>,
-    _m: HashMap<(), ()>,
+    window_ns: u64,
+    cap: usize,
+    /// window start -> per-key accumulators.
+    windows: BTreeMap<u64, HashMap<K, Acc>>,
 }
 
 impl<K: Hash + Eq + Clone> PathAggregator<K> {
-    /// Windows are aligned to multiples of `window_ns` of unix time.
+    /// Windows are aligned to multiples of `window_ns` of unix time (0 is treated as 1 ns).
     pub fn new(window_ns: u64) -> Self {
-        todo!()
+        Self::with_sample_cap(window_ns, SAMPLE_CAP)
     }
+
+    /// Like `new` with another per-window sample cap (at least 1).
+    pub fn with_sample_cap(window_ns: u64, cap: usize) -> Self {
+        PathAggregator {
+            window_ns: window_ns.max(1),
+            cap: cap.max(1),
+            windows: BTreeMap::new(),
+        }
+    }
+
+    /// Counts `result` in the window containing `now_unix_ns`: every result adds to
+    /// probe_total; Success to probe_success (and the samples), Lost to probe_failed,
+    /// Invalid to invalid_rtt_count.
     pub fn record(&mut self, key: &K, result: &ProbeResult, now_unix_ns: u64) {
-        todo!()
+        let start = now_unix_ns - now_unix_ns % self.window_ns;
+        let cap = self.cap;
+        let window = self.windows.entry(start).or_default();
+        let acc = match window.get_mut(key) {
+            Some(a) => a,
+            None => window.entry(key.clone()).or_default(),
+        };
+        acc.total = acc.total.saturating_add(1);
+        match result {
+            ProbeResult::Success(s) => acc.add_sample(s, cap),
+            ProbeResult::Lost => acc.failed = acc.failed.saturating_add(1),
+            ProbeResult::Invalid(_) => acc.invalid = acc.invalid.saturating_add(1),
+        }
     }
-    /// Summaries of every window that ended at or before `now_unix_ns`.
+
+    /// Summaries of every window that ended at or before `now_unix_ns`, oldest first.
     pub fn take_closed(&mut self, now_unix_ns: u64) -> Vec<(K, WindowSummary)> {
-        todo!()
+        let mut out = Vec::new();
+        while let Some(entry) = self.windows.first_entry() {
+            let start = *entry.key();
+            if start.saturating_add(self.window_ns) > now_unix_ns {
+                break;
+            }
+            for (k, acc) in entry.remove() {
+                out.push((k, acc.summary(start, self.window_ns)));
+            }
+        }
+        out
+    }
+
+    /// Windows still open (for tests and shutdown flushes).
+    pub fn open_windows(&self) -> usize {
+        self.windows.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rtt::InvalidReason;
+
+    const W: u64 = 30_000_000_000;
+
+    fn ok(n: u64, p: u64, r: u64) -> ProbeResult {
+        ProbeResult::Success(RttSample {
+            network_rtt_ns: n,
+            prober_delay_ns: p,
+            responder_delay_ns: r,
+        })
+    }
+
+    #[test]
+    fn nearest_rank_values() {
+        let v: Vec<u64> = (1..=100).collect();
+        assert_eq!(nearest_rank(&v, 50), 50);
+        assert_eq!(nearest_rank(&v, 99), 99);
+        assert_eq!(nearest_rank(&[7], 99), 7);
+        assert_eq!(nearest_rank(&[1, 2], 50), 1);
+        assert_eq!(nearest_rank(&[1, 2, 3], 50), 2);
+        assert_eq!(nearest_rank(&[1, 2, 3], 99), 3);
+        assert_eq!(nearest_rank(&[], 50), 0);
+    }
+
+    #[test]
+    fn window_counts_and_percentiles() {
+        let mut a: PathAggregator<&str> = PathAggregator::new(W);
+        let base = 1_700_000_010 * 1_000_000_000; // inside window [..., +30 s)
+        let start = base - base % W;
+        // 100 successes with rtt 1..=100 us, in shuffled order.
+        for i in 0..100u64 {
+            let v = (i * 37) % 100 + 1;
+            a.record(&"p", &ok(v * 1_000, v * 10, v), base + i);
+        }
+        a.record(&"p", &ProbeResult::Lost, base + 200);
+        a.record(
+            &"p",
+            &ProbeResult::Invalid(InvalidReason::Negative),
+            base + 300,
+        );
+        assert!(a.take_closed(start + W - 1).is_empty());
+        let out = a.take_closed(start + W);
+        assert_eq!(out.len(), 1);
+        let (k, s) = &out[0];
+        assert_eq!(*k, "p");
+        assert_eq!(
+            *s,
+            WindowSummary {
+                window_start_unix_ns: start,
+                window_duration_ms: 30_000,
+                probe_total: 102,
+                probe_success: 100,
+                probe_failed: 1,
+                invalid_rtt_count: 1,
+                network_rtt_min_ns: 1_000,
+                network_rtt_max_ns: 100_000,
+                network_rtt_p50_ns: 50_000,
+                network_rtt_p99_ns: 99_000,
+                prober_delay_p50_ns: 500,
+                prober_delay_p99_ns: 990,
+                responder_delay_p50_ns: 50,
+                responder_delay_p99_ns: 99,
+            }
+        );
+        assert_eq!(a.open_windows(), 0);
+        assert!(a.take_closed(u64::MAX).is_empty());
+    }
+
+    #[test]
+    fn windows_and_keys_are_separate() {
+        let mut a: PathAggregator<u32> = PathAggregator::new(10);
+        a.record(&1, &ok(5, 0, 0), 3);
+        a.record(&2, &ProbeResult::Lost, 9);
+        a.record(&1, &ok(7, 0, 0), 10); // next window
+        a.record(&1, &ok(9, 0, 0), 25); // third window; key 2 silent there
+        let mut first = a.take_closed(20);
+        first.sort_by_key(|(k, s)| (s.window_start_unix_ns, *k));
+        assert_eq!(first.len(), 3);
+        assert_eq!(
+            (
+                first[0].0,
+                first[0].1.window_start_unix_ns,
+                first[0].1.network_rtt_p50_ns
+            ),
+            (1, 0, 5)
+        );
+        assert_eq!(
+            (
+                first[1].0,
+                first[1].1.probe_failed,
+                first[1].1.probe_success
+            ),
+            (2, 1, 0)
+        );
+        assert_eq!(first[1].1.network_rtt_p99_ns, 0);
+        assert_eq!((first[2].0, first[2].1.window_start_unix_ns), (1, 10));
+        let rest = a.take_closed(30);
+        assert_eq!(
+            rest.len(),
+            1,
+            "a key without probes in a window produces nothing"
+        );
+        assert_eq!(
+            (
+                rest[0].0,
+                rest[0].1.window_start_unix_ns,
+                rest[0].1.network_rtt_max_ns
+            ),
+            (1, 20, 9)
+        );
+    }
+
+    #[test]
+    fn sample_cap_keeps_counting_and_reservoir_is_representative() {
+        let cap = 1_000;
+        let mut a: PathAggregator<u8> = PathAggregator::with_sample_cap(W, cap);
+        let n = 100_000u64;
+        for i in 0..n {
+            // Uniform 1..=100_000 in a scrambled order.
+            let v = (i * 7_919) % n + 1;
+            a.record(&0, &ok(v, v, v), 5);
+        }
+        let out = a.take_closed(W);
+        let s = &out[0].1;
+        assert_eq!(s.probe_success as u64, n);
+        assert_eq!(s.probe_total as u64, n);
+        assert_eq!((s.network_rtt_min_ns, s.network_rtt_max_ns), (1, n));
+        // Reservoir of 1000 uniform samples: p50 near 50_000, p99 near 99_000.
+        assert!(
+            (44_000..=56_000).contains(&s.network_rtt_p50_ns),
+            "p50 {}",
+            s.network_rtt_p50_ns
+        );
+        assert!(
+            (97_000..=100_000).contains(&s.network_rtt_p99_ns),
+            "p99 {}",
+            s.network_rtt_p99_ns
+        );
+        // All three vectors were sampled from the same probes.
+        assert_eq!(s.network_rtt_p50_ns, s.prober_delay_p50_ns);
+        assert_eq!(s.network_rtt_p99_ns, s.responder_delay_p99_ns);
     }
 }

@@ -52,7 +52,12 @@ pub struct FlowLabelSet {
 impl FlowLabelSet {
     /// `count <= 1` means the legacy single `flow_label`, used verbatim.
     pub fn new(seed: u32, count: u32, legacy_flow_label: u32) -> Self {
-        FlowLabelSet { seed, count, legacy: legacy_flow_label & FLOW_LABEL_MASK, next: 0 }
+        FlowLabelSet {
+            seed,
+            count,
+            legacy: legacy_flow_label & FLOW_LABEL_MASK,
+            next: 0,
+        }
     }
 
     /// Label of index `i` under `epoch`.
@@ -66,7 +71,7 @@ impl FlowLabelSet {
         }
         const HALF_SPACE: u32 = 1 << 19;
         let key = mix64(self.seed as u64 ^ 0x5250_494E_474D_4553); // "RPINGMES"
-        let x = if index % ROTATE_EVERY == 0 {
+        let x = if index.is_multiple_of(ROTATE_EVERY) {
             let offset = mix64(key ^ mix64(epoch)) as u32;
             HALF_SPACE | ((index / ROTATE_EVERY).wrapping_add(offset) & (HALF_SPACE - 1))
         } else {
@@ -134,7 +139,10 @@ mod tests {
                 differs += 1;
             }
         }
-        assert!(differs > 60, "another seed gives other labels ({differs}/64 differ)");
+        assert!(
+            differs > 60,
+            "another seed gives other labels ({differs}/64 differ)"
+        );
     }
 
     #[test]
@@ -177,6 +185,9 @@ mod tests {
         let mut s = FlowLabelSet::new(7, 3, 0);
         let want: Vec<u32> = (0..3).map(|i| s.label(i, 2)).collect();
         let got: Vec<u32> = (0..7).map(|_| s.next_label(2)).collect();
-        assert_eq!(got, [want[0], want[1], want[2], want[0], want[1], want[2], want[0]]);
+        assert_eq!(
+            got,
+            [want[0], want[1], want[2], want[0], want[1], want[2], want[0]]
+        );
     }
 }

@@ -111,12 +111,19 @@ impl Prober {
     /// When `max_in_flight` probes are already outstanding, the oldest is finished early
     /// (lost, or invalid if partially answered); its outcome comes out of the next
     /// `poll_timeouts` (and `next_timeout` returns 0 until then).
-    pub fn start_probe(&mut self, target: TargetId, flow_label: u32, t1_mono_ns: u64) -> ProbePacket {
+    pub fn start_probe(
+        &mut self,
+        target: TargetId,
+        flow_label: u32,
+        t1_mono_ns: u64,
+    ) -> ProbePacket {
         let sequence = ((self.cfg.epoch as u64) << 32) | self.counter as u64;
         self.counter = self.counter.wrapping_add(1);
         let limit = self.cfg.max_in_flight.max(1);
         while self.outstanding.len() >= limit {
-            let Some((_, seq)) = self.deadlines.pop_front() else { break };
+            let Some((_, seq)) = self.deadlines.pop_front() else {
+                break;
+            };
             if let Some(o) = self.outstanding.remove(&seq) {
                 self.evicted.push(o.outcome(seq, o.expired_result()));
                 self.evicted_total += 1;
@@ -131,7 +138,10 @@ impl Prober {
             Outstanding {
                 target,
                 flow_label,
-                ts: Timestamps { t1: Some(t1_mono_ns), ..Timestamps::default() },
+                ts: Timestamps {
+                    t1: Some(t1_mono_ns),
+                    ..Timestamps::default()
+                },
                 deadline,
                 sent: false,
                 first_ack: false,
@@ -145,7 +155,12 @@ impl Prober {
     /// The send completion (T2) of probe `sequence`; may arrive before or after the ACKs.
     /// Returns the outcome if this completes the probe. A completion for an unknown or
     /// finished probe is ignored.
-    pub fn on_probe_sent(&mut self, sequence: u64, t2_ns: u64, _now_mono_ns: u64) -> Option<ProbeOutcome> {
+    pub fn on_probe_sent(
+        &mut self,
+        sequence: u64,
+        t2_ns: u64,
+        _now_mono_ns: u64,
+    ) -> Option<ProbeOutcome> {
         let o = self.outstanding.get_mut(&sequence)?;
         if o.sent {
             return None;
@@ -159,7 +174,12 @@ impl Prober {
     /// ACK); `now_mono_ns` is when it is processed (T6 for the second ACK).
     /// Returns the outcome when this completes the probe. A zero T3/T4 in the ACK means
     /// the responder had no timestamp: it stays missing and the result is invalid.
-    pub fn on_ack(&mut self, ack: &ProbePacket, rx_ts_ns: Option<u64>, now_mono_ns: u64) -> Option<ProbeOutcome> {
+    pub fn on_ack(
+        &mut self,
+        ack: &ProbePacket,
+        rx_ts_ns: Option<u64>,
+        now_mono_ns: u64,
+    ) -> Option<ProbeOutcome> {
         if ack.msg_type != MsgType::Ack {
             return None;
         }
@@ -278,7 +298,11 @@ mod tests {
     const EPOCH: u32 = 0xABCD_0001;
 
     fn prober(max_in_flight: usize) -> Prober {
-        Prober::new(ProberConfig { epoch: EPOCH, timeout_ns: 1_000_000, max_in_flight })
+        Prober::new(ProberConfig {
+            epoch: EPOCH,
+            timeout_ns: 1_000_000,
+            max_in_flight,
+        })
     }
 
     fn first(p: &ProbePacket, t3: u64) -> ProbePacket {
@@ -329,7 +353,14 @@ mod tests {
 
     #[test]
     fn completes_in_any_order() {
-        let orders = [[0, 1, 2], [0, 2, 1], [1, 0, 2], [1, 2, 0], [2, 0, 1], [2, 1, 0]];
+        let orders = [
+            [0, 1, 2],
+            [0, 2, 1],
+            [1, 0, 2],
+            [1, 2, 0],
+            [2, 0, 1],
+            [2, 1, 0],
+        ];
         for order in orders {
             let (outs, p) = run(order);
             assert!(outs[0].is_none() && outs[1].is_none(), "{order:?}");
@@ -367,7 +398,10 @@ mod tests {
         pr.on_probe_sent(p.sequence, 2_000, 1_001);
         pr.on_ack(&first(&p, 0), Some(2_500), 1_500);
         let o = pr.on_ack(&second(&p, 0, 0), Some(2_600), 1_600).unwrap();
-        assert_eq!(o.result, ProbeResult::Invalid(InvalidReason::MissingTimestamp));
+        assert_eq!(
+            o.result,
+            ProbeResult::Invalid(InvalidReason::MissingTimestamp)
+        );
         assert_eq!(o.timestamps.t3, None);
     }
 
@@ -391,7 +425,9 @@ mod tests {
         pr.on_ack(&first(&partial, 10), Some(20), 2_100);
         pr.on_probe_sent(done.sequence, 100, 3_001);
         pr.on_ack(&first(&done, 110), Some(130), 3_100);
-        assert!(pr.on_ack(&second(&done, 110, 120), Some(131), 3_200).is_some());
+        assert!(pr
+            .on_ack(&second(&done, 110, 120), Some(131), 3_200)
+            .is_some());
         assert_eq!(pr.next_timeout(), Some(1_001_000));
 
         let mut out = Vec::new();
@@ -405,11 +441,16 @@ mod tests {
         pr.poll_timeouts(10_000_000, &mut out);
         assert_eq!(out.len(), 1, "the completed probe must not time out");
         assert_eq!(out[0].target, 2);
-        assert_eq!(out[0].result, ProbeResult::Invalid(InvalidReason::MissingTimestamp));
+        assert_eq!(
+            out[0].result,
+            ProbeResult::Invalid(InvalidReason::MissingTimestamp)
+        );
         assert_eq!(pr.in_flight(), 0);
         assert_eq!(pr.next_timeout(), None);
         // A late ACK for a finished probe is unknown.
-        assert!(pr.on_ack(&second(&partial, 1, 2), None, 10_000_001).is_none());
+        assert!(pr
+            .on_ack(&second(&partial, 1, 2), None, 10_000_001)
+            .is_none());
         assert_eq!(pr.counters().unknown_sequence, 1);
     }
 
@@ -424,13 +465,21 @@ mod tests {
         let mut stranger = p;
         stranger.sequence ^= 1 << 40;
         assert!(pr.on_ack(&first(&stranger, 5), None, 1_300).is_none());
-        assert_eq!(pr.counters(), ProberCounters { unknown_sequence: 1, duplicate_ack: 2 });
+        assert_eq!(
+            pr.counters(),
+            ProberCounters {
+                unknown_sequence: 1,
+                duplicate_ack: 2
+            }
+        );
         // The duplicates did not overwrite T5/T6.
         let o = pr.on_probe_sent(p.sequence, 2, 1_001).unwrap();
         assert_eq!(o.timestamps.t5, Some(6));
         assert_eq!(o.timestamps.t6, Some(1_200));
         // A probe packet handed to on_ack is ignored, not counted.
-        assert!(pr.on_ack(&ProbePacket::probe(p.sequence, 1), None, 1).is_none());
+        assert!(pr
+            .on_ack(&ProbePacket::probe(p.sequence, 1), None, 1)
+            .is_none());
         assert_eq!(pr.counters().unknown_sequence, 1);
     }
 
@@ -448,9 +497,15 @@ mod tests {
         let mut out = Vec::new();
         pr.poll_timeouts(500, &mut out);
         assert_eq!(out.len(), 2);
-        assert_eq!((out[0].sequence, out[0].result), (a.sequence, ProbeResult::Lost));
+        assert_eq!(
+            (out[0].sequence, out[0].result),
+            (a.sequence, ProbeResult::Lost)
+        );
         assert_eq!(out[1].sequence, b.sequence);
-        assert_eq!(out[1].result, ProbeResult::Invalid(InvalidReason::MissingTimestamp));
+        assert_eq!(
+            out[1].result,
+            ProbeResult::Invalid(InvalidReason::MissingTimestamp)
+        );
         assert_eq!(pr.next_timeout(), Some(300 + 1_000_000));
         assert!(pr.on_ack(&first(&a, 1), None, 600).is_none());
         assert_eq!(pr.counters().unknown_sequence, 1);
@@ -467,7 +522,10 @@ mod tests {
             if i % 2 == 0 {
                 pr.on_probe_sent(p.sequence, 1_000 + i, i * 10);
                 pr.on_ack(&first(&p, 50), Some(1_100 + i), i * 10 + 5);
-                if pr.on_ack(&second(&p, 50, 60), Some(1_101 + i), i * 10 + 6).is_some() {
+                if pr
+                    .on_ack(&second(&p, 50, 60), Some(1_101 + i), i * 10 + 6)
+                    .is_some()
+                {
                     completed += 1;
                 }
             }
@@ -476,7 +534,9 @@ mod tests {
         pr.poll_timeouts(u64::MAX, &mut out);
         assert_eq!(completed, 2_500);
         assert_eq!(out.len(), 2_500);
-        assert!(out.iter().all(|o| o.result == ProbeResult::Lost && o.target % 2 == 1));
+        assert!(out
+            .iter()
+            .all(|o| o.result == ProbeResult::Lost && o.target % 2 == 1));
         assert_eq!(pr.in_flight(), 0);
         assert!(pr.deadlines.is_empty());
     }

@@ -21,7 +21,6 @@ struct Pending<P> {
     to: P,
     probe: ProbePacket,
     t3: u64,
-    created: u64,
 }
 
 /// Responder state machine. Pending first ACKs are kept in a map with a creation-order
@@ -51,19 +50,34 @@ impl<P: Clone> Responder<P> {
     /// A probe from `from` received with receive timestamp `t3_ns` (None: not available,
     /// sent as 0 so the prober flags the result invalid). Returns the first ACK to send and
     /// the id under which to report its send completion.
-    pub fn on_probe(&mut self, from: P, probe: &ProbePacket, t3_ns: Option<u64>, now_mono_ns: u64) -> (PendingId, ProbePacket) {
+    pub fn on_probe(
+        &mut self,
+        from: P,
+        probe: &ProbePacket,
+        t3_ns: Option<u64>,
+        now_mono_ns: u64,
+    ) -> (PendingId, ProbePacket) {
         let t3 = t3_ns.unwrap_or(0);
         let ack = ProbePacket::first_ack(probe, t3);
         self.counters.probes_answered += 1;
         while self.pending.len() >= self.max_pending {
-            let Some((_, old)) = self.order.pop_front() else { break };
+            let Some((_, old)) = self.order.pop_front() else {
+                break;
+            };
             if self.pending.remove(&old).is_some() {
                 self.counters.pending_evicted += 1;
             }
         }
         let id = self.next_id;
         self.next_id = self.next_id.wrapping_add(1);
-        self.pending.insert(id, Pending { to: from, probe: *probe, t3, created: now_mono_ns });
+        self.pending.insert(
+            id,
+            Pending {
+                to: from,
+                probe: *probe,
+                t3,
+            },
+        );
         self.order.push_back((now_mono_ns, id));
         (id, ack)
     }
@@ -101,7 +115,9 @@ impl<P: Clone> Responder<P> {
 
     /// When the oldest pending entry expires (for the caller's timer).
     pub fn next_expiry(&self) -> Option<u64> {
-        self.order.front().map(|&(c, _)| c.saturating_add(self.timeout_ns).saturating_add(1))
+        self.order
+            .front()
+            .map(|&(c, _)| c.saturating_add(self.timeout_ns).saturating_add(1))
     }
 
     fn skip_stale(&mut self) {
@@ -126,13 +142,22 @@ mod tests {
         let (id, a1) = r.on_probe("peer", &probe, Some(9_000), 10);
         assert_eq!(a1.msg_type, MsgType::Ack);
         assert_eq!(a1.ack_type, AckType::First);
-        assert_eq!((a1.sequence, a1.t1, a1.t3, a1.t4), (probe.sequence, 777, 9_000, 0));
+        assert_eq!(
+            (a1.sequence, a1.t1, a1.t3, a1.t4),
+            (probe.sequence, 777, 9_000, 0)
+        );
         assert_eq!(r.pending(), 1);
         let (to, a2) = r.on_first_ack_sent(id, 9_300).unwrap();
         assert_eq!(to, "peer");
         assert_eq!(a2.ack_type, AckType::Second);
-        assert_eq!((a2.sequence, a2.t1, a2.t3, a2.t4), (probe.sequence, 777, 9_000, 9_300));
-        assert!(r.on_first_ack_sent(id, 9_400).is_none(), "answered only once");
+        assert_eq!(
+            (a2.sequence, a2.t1, a2.t3, a2.t4),
+            (probe.sequence, 777, 9_000, 9_300)
+        );
+        assert!(
+            r.on_first_ack_sent(id, 9_400).is_none(),
+            "answered only once"
+        );
         assert_eq!(r.pending(), 0);
         assert_eq!(r.next_expiry(), None);
         assert_eq!(r.counters().probes_answered, 1);
@@ -167,7 +192,10 @@ mod tests {
     fn bounded_table_evicts_oldest() {
         let mut r: Responder<u32> = Responder::new(3, 1_000_000);
         let ids: Vec<_> = (0..5u32)
-            .map(|i| r.on_probe(i, &ProbePacket::probe(i as u64, 0), Some(1), i as u64).0)
+            .map(|i| {
+                r.on_probe(i, &ProbePacket::probe(i as u64, 0), Some(1), i as u64)
+                    .0
+            })
             .collect();
         assert_eq!(r.pending(), 3);
         assert_eq!(r.counters().pending_evicted, 2);

@@ -6,6 +6,7 @@
 //! CONTRACT: public signatures here are what `agent` codes against.
 
 pub mod clock;
+pub mod rdma;
 pub mod udp;
 
 use std::net::Ipv6Addr;
@@ -32,7 +33,12 @@ pub type SendId = u32;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TransportEvent {
     /// A datagram arrived; `rx_ts_ns` is its receive completion timestamp (transport clock).
-    Received { from: Endpoint, len: usize, data: [u8; 64], rx_ts_ns: Option<u64> },
+    Received {
+        from: Endpoint,
+        len: usize,
+        data: [u8; 64],
+        rx_ts_ns: Option<u64>,
+    },
     /// Send completion timestamp (transport clock) of send `id`.
     Sent { id: SendId, tx_ts_ns: u64 },
 }
@@ -42,9 +48,15 @@ pub enum VerbsError {
     #[error("transport rdma is not available in this build: rebuild with the `rdma` feature on an RDMA host, or use transport: udp")]
     RdmaNotBuilt,
     #[error("udp transport: cannot bind {addr}: {source}")]
-    Bind { addr: std::net::SocketAddr, source: std::io::Error },
+    Bind {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
     #[error("udp transport: {what}: {source}")]
-    Socket { what: &'static str, source: std::io::Error },
+    Socket {
+        what: &'static str,
+        source: std::io::Error,
+    },
 }
 
 /// Which backend an agent runs on; chosen by the `transport` config key.
