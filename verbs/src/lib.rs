@@ -57,6 +57,9 @@ pub enum VerbsError {
         what: &'static str,
         source: std::io::Error,
     },
+    /// A failure of the rdma backend (its message is one line, e.g. "no RDMA devices: ...").
+    #[error(transparent)]
+    Rdma(#[from] rdma::RdmaError),
 }
 
 /// Which backend an agent runs on; chosen by the `transport` config key.

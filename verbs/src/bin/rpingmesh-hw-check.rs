@@ -1,0 +1,306 @@
+//! rpingmesh-hw-check: for an operator on an RDMA host (or soft-RoCE:
+//! `rdma link add rxe0 type rxe netdev <if>`). Opens every device, prints its GID tables,
+//! timestamp support and clock, then runs a loopback probe (two RNICs, or two QPs on one)
+//! with the 6-timestamp arithmetic and prints the RTT table. Exit 1 with one clear line
+//! when there is no RDMA device.
+//!
+//! Usage: rpingmesh-hw-check [--port P] [--gid-index N] [--count N] [DEVICE ...]
+
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use rpingmesh_verbs::rdma::{self, sysfs, RdmaEndpoint, RdmaOptions};
+use rpingmesh_verbs::{Endpoint, SendId, SendParams, TransportEvent};
+
+struct Args {
+    port: u8,
+    gid_index: u32,
+    count: u32,
+    devices: Vec<String>,
+}
+
+fn parse_args(argv: impl IntoIterator<Item = String>) -> Result<Args, String> {
+    let mut a = Args {
+        port: 1,
+        gid_index: 0,
+        count: 20,
+        devices: Vec::new(),
+    };
+    let mut it = argv.into_iter();
+    while let Some(arg) = it.next() {
+        let mut num = |name: &str| -> Result<u64, String> {
+            let v = it.next().ok_or_else(|| format!("{name} needs a value"))?;
+            v.parse()
+                .map_err(|_| format!("{name}: {v:?} is not a number"))
+        };
+        match arg.as_str() {
+            "--port" => {
+                a.port =
+                    u8::try_from(num("--port")?).map_err(|_| "--port: out of range".to_string())?
+            }
+            "--gid-index" => {
+                a.gid_index = u32::try_from(num("--gid-index")?)
+                    .map_err(|_| "--gid-index: out of range".to_string())?
+            }
+            "--count" => {
+                a.count = u32::try_from(num("--count")?)
+                    .map_err(|_| "--count: out of range".to_string())?
+                    .max(1)
+            }
+            "-h" | "--help" => {
+                return Err(
+                    "usage: rpingmesh-hw-check [--port P] [--gid-index N] [--count N] [DEVICE ...]"
+                        .into(),
+                )
+            }
+            s if s.starts_with('-') => return Err(format!("unknown option {s}")),
+            d => a.devices.push(d.to_string()),
+        }
+    }
+    Ok(a)
+}
+
+fn main() -> ExitCode {
+    let args = match parse_args(std::env::args().skip(1)) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("rpingmesh-hw-check: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let devices = match rdma::list_devices(&args.devices) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("rpingmesh-hw-check: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    report(args, devices)
+}
+
+fn report(args: Args, devices: Vec<String>) -> ExitCode {
+    let class = Path::new(sysfs::SYSFS_CLASS_DIR);
+    for d in &devices {
+        match rdma::device_info(d, class) {
+            Ok(info) => {
+                println!("== {d}");
+                println!(
+                    "   hca_core_clock {} kHz, completion_timestamp_mask {:#x}, raw clock now {}",
+                    info.hca_core_clock_khz,
+                    info.completion_timestamp_mask,
+                    info.raw_clock
+                        .map(|t| t.to_string())
+                        .unwrap_or_else(|| "unsupported".into())
+                );
+                match &info.extended_cq_timestamps {
+                    Ok(()) => println!("   NIC completion timestamps: supported (extended CQ)"),
+                    Err(e) => println!("   NIC completion timestamps: unavailable ({e}); CLOCK_MONOTONIC software timestamps"),
+                }
+                for p in &info.ports {
+                    match p {
+                        Ok(p) => {
+                            for line in sysfs::format_gid_table(p).lines() {
+                                println!("   {line}");
+                            }
+                            if let Ok(e) = sysfs::select_gid(p, args.gid_index) {
+                                if let Some(w) = sysfs::roce_v1_warning(p, e) {
+                                    println!("   warning: {w}");
+                                }
+                            }
+                        }
+                        Err(e) => println!("   {e}"),
+                    }
+                }
+            }
+            Err(e) => println!("== {d}: {e}"),
+        }
+    }
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("rpingmesh-hw-check: cannot start the runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    // Two RNICs when there are two, else two QPs on the one.
+    let (da, db) = (
+        devices[0].clone(),
+        devices
+            .get(1)
+            .cloned()
+            .unwrap_or_else(|| devices[0].clone()),
+    );
+    let open = |d: &str| {
+        let mut o = RdmaOptions::new(d);
+        o.port = args.port;
+        o.gid_index = args.gid_index;
+        rdma::open_rdma_with(&o)
+    };
+    let (a, b) = match (open(&da), open(&db)) {
+        (Ok(a), Ok(b)) => (a, b),
+        (Err(e), _) | (_, Err(e)) => {
+            eprintln!("rpingmesh-hw-check: loopback probe: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    println!(
+        "loopback {da} {} qpn {} ({:?}) -> {db} {} qpn {} ({:?})",
+        a.ip_string(),
+        a.local().qpn,
+        a.timestamp_source(),
+        b.ip_string(),
+        b.local().qpn,
+        b.timestamp_source()
+    );
+    let result = rt.block_on(probe_loop(&a, &b, args.count));
+    match result {
+        Ok(mut rtts) => {
+            rtts.sort_unstable();
+            let pick = |q: f64| rtts[((rtts.len() - 1) as f64 * q).round() as usize];
+            println!(
+                "{:<10} {:>6} {:>10} {:>10} {:>10} {:>10}",
+                "path", "probes", "min_ns", "p50_ns", "p99_ns", "max_ns"
+            );
+            println!(
+                "{:<10} {:>6} {:>10} {:>10} {:>10} {:>10}",
+                format!("{da}->{db}"),
+                rtts.len(),
+                rtts[0],
+                pick(0.5),
+                pick(0.99),
+                rtts[rtts.len() - 1]
+            );
+            let s = a.stats();
+            println!(
+                "ah cache: hits {} misses {} evictions {}; event ring dropped {}",
+                s.ah_hits, s.ah_misses, s.ah_evictions, s.event_ring_dropped
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("rpingmesh-hw-check: loopback probe {da}->{db}: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Waits (bounded) for the send completion of `id` on `ep` and a receive from `from`.
+async fn await_pair(
+    ep: &RdmaEndpoint,
+    id: Option<SendId>,
+    from: Option<Endpoint>,
+    buf: &mut Vec<TransportEvent>,
+) -> Result<(Option<u64>, Option<u64>), String> {
+    let (mut tx, mut rx) = (None, None);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    while (id.is_some() && tx.is_none()) || (from.is_some() && rx.is_none()) {
+        buf.clear();
+        match tokio::time::timeout_at(deadline, ep.wait_events(buf)).await {
+            Err(_) => {
+                return Err(format!(
+                    "timed out on {} (send completion {}, receive {})",
+                    ep.device_name(),
+                    tx.is_some(),
+                    rx.is_some()
+                ))
+            }
+            Ok(Err(e)) => return Err(e.to_string()),
+            Ok(Ok(())) => {}
+        }
+        for ev in buf.iter() {
+            match *ev {
+                TransportEvent::Sent { id: got, tx_ts_ns } if Some(got) == id => {
+                    tx = Some(tx_ts_ns)
+                }
+                TransportEvent::Received {
+                    from: f, rx_ts_ns, ..
+                } if Some(f) == from => rx = rx_ts_ns,
+                _ => {}
+            }
+        }
+    }
+    Ok((tx, rx))
+}
+
+async fn probe_loop(a: &RdmaEndpoint, b: &RdmaEndpoint, count: u32) -> Result<Vec<u64>, String> {
+    let params = SendParams::default();
+    let (mut ea, mut eb) = (Vec::new(), Vec::new());
+    let mut rtts = Vec::new();
+    for seq in 0..count {
+        let mut payload = [0u8; 40];
+        payload[..4].copy_from_slice(&seq.to_be_bytes());
+        let id = a
+            .send(&b.local(), &params, &payload)
+            .map_err(|e| e.to_string())?;
+        let (t2, _) = await_pair(a, Some(id), None, &mut ea).await?;
+        let (_, t3) = await_pair(b, None, Some(a.local()), &mut eb).await?;
+        let ack = b
+            .send(&a.local(), &params, &payload)
+            .map_err(|e| e.to_string())?;
+        let (t4, _) = await_pair(b, Some(ack), None, &mut eb).await?;
+        let (_, t5) = await_pair(a, None, Some(b.local()), &mut ea).await?;
+        let (t2, t3, t4, t5) = (
+            t2.unwrap_or(0),
+            t3.unwrap_or(0),
+            t4.unwrap_or(0),
+            t5.unwrap_or(0),
+        );
+        let rtt = (t5 as i128 - t2 as i128) - (t4 as i128 - t3 as i128);
+        if rtt < 0 {
+            return Err(format!(
+                "probe {seq}: negative network RTT {rtt} ns (clock domain problem)"
+            ));
+        }
+        rtts.push(rtt as u64);
+    }
+    Ok(rtts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn argv(s: &str) -> Vec<String> {
+        s.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn arguments() {
+        let a = parse_args(argv("--port 2 --gid-index 3 --count 5 mlx5_0 mlx5_1")).unwrap();
+        assert_eq!((a.port, a.gid_index, a.count), (2, 3, 5));
+        assert_eq!(a.devices, vec!["mlx5_0", "mlx5_1"]);
+        assert_eq!(
+            parse_args(argv("--port")).err().unwrap(),
+            "--port needs a value"
+        );
+        assert_eq!(
+            parse_args(argv("--port x")).err().unwrap(),
+            "--port: \"x\" is not a number"
+        );
+        assert_eq!(
+            parse_args(argv("--port 300")).err().unwrap(),
+            "--port: out of range"
+        );
+        assert_eq!(
+            parse_args(argv("--bogus")).err().unwrap(),
+            "unknown option --bogus"
+        );
+        assert_eq!(parse_args(argv("--count 0")).unwrap().count, 1);
+    }
+
+    /// The binary's first step on this machine: the device list fails with the one line.
+    #[test]
+    fn no_devices_line() {
+        if let Err(e) = rdma::list_devices(&[]) {
+            let s = e.to_string();
+            assert!(
+                s.starts_with("no RDMA devices: ") && s.ends_with("; use transport: udp"),
+                "{s}"
+            );
+        }
+    }
+}

@@ -1,0 +1,494 @@
+//! Work completions to transport events, without hardware: the poller copies the fields of
+//! an `ibv_wc` (or the extended-CQ reads) into a [`WcRecord`] and calls [`translate`] with
+//! the receive buffer. Receive buffers of a UD QP start with the 40-byte GRH; for RoCE v2
+//! over IPv4 its last 20 bytes hold the IPv4 header instead of an IPv6 one.
+
+use std::net::{Ipv4Addr, Ipv6Addr};
+
+use crate::{Endpoint, SendId, TransportEvent};
+
+/// Bytes the HCA writes in front of every UD receive.
+pub const GRH_LEN: usize = 40;
+/// Payload bytes copied into `TransportEvent::Received::data`.
+pub const PAYLOAD_LEN: usize = 64;
+
+// Values of libibverbs' enums (verbs.h); checked against rdma-sys in the feature tests.
+pub const WC_SUCCESS: u32 = 0;
+pub const WC_WR_FLUSH_ERR: u32 = 5;
+pub const WC_OPCODE_SEND: u32 = 0;
+pub const WC_OPCODE_RECV: u32 = 128;
+pub const WC_FLAG_GRH: u32 = 1;
+
+/// Name of an `ibv_wc_status` value (as `ibv_wc_status_str` would give, but stable).
+pub fn wc_status_name(status: u32) -> &'static str {
+    const NAMES: [&str; 24] = [
+        "IBV_WC_SUCCESS",
+        "IBV_WC_LOC_LEN_ERR",
+        "IBV_WC_LOC_QP_OP_ERR",
+        "IBV_WC_LOC_EEC_OP_ERR",
+        "IBV_WC_LOC_PROT_ERR",
+        "IBV_WC_WR_FLUSH_ERR",
+        "IBV_WC_MW_BIND_ERR",
+        "IBV_WC_BAD_RESP_ERR",
+        "IBV_WC_LOC_ACCESS_ERR",
+        "IBV_WC_REM_INV_REQ_ERR",
+        "IBV_WC_REM_ACCESS_ERR",
+        "IBV_WC_REM_OP_ERR",
+        "IBV_WC_RETRY_EXC_ERR",
+        "IBV_WC_RNR_RETRY_EXC_ERR",
+        "IBV_WC_LOC_RDD_VIOL_ERR",
+        "IBV_WC_REM_INV_RD_REQ_ERR",
+        "IBV_WC_REM_ABORT_ERR",
+        "IBV_WC_INV_EECN_ERR",
+        "IBV_WC_INV_EEC_STATE_ERR",
+        "IBV_WC_FATAL_ERR",
+        "IBV_WC_RESP_TIMEOUT_ERR",
+        "IBV_WC_GENERAL_ERR",
+        "IBV_WC_TM_ERR",
+        "IBV_WC_TM_RNDV_INCOMPLETE",
+    ];
+    NAMES
+        .get(status as usize)
+        .copied()
+        .unwrap_or("IBV_WC_UNKNOWN")
+}
+
+/// What a work request was, packed into its 64-bit `wr_id`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WrKind {
+    /// A send; carries the id reported in `TransportEvent::Sent`.
+    Send(SendId),
+    /// A posted receive buffer, by slot.
+    Recv(u32),
+}
+
+const SEND_TAG: u64 = 1 << 63;
+
+impl WrKind {
+    pub fn to_wr_id(self) -> u64 {
+        match self {
+            WrKind::Send(id) => SEND_TAG | id as u64,
+            WrKind::Recv(slot) => slot as u64,
+        }
+    }
+
+    pub fn from_wr_id(wr_id: u64) -> WrKind {
+        if wr_id & SEND_TAG != 0 {
+            WrKind::Send(wr_id as u32)
+        } else {
+            WrKind::Recv(wr_id as u32)
+        }
+    }
+}
+
+/// The fields of one work completion the backend uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WcRecord {
+    pub wr_id: u64,
+    pub status: u32,
+    pub opcode: u32,
+    pub byte_len: u32,
+    pub src_qp: u32,
+    pub wc_flags: u32,
+    /// Completion time already in ns of the endpoint's clock domain (NIC ticks converted,
+    /// or the CLOCK_MONOTONIC software stamp taken when the completion was polled).
+    pub ts_ns: u64,
+}
+
+/// What the poller does with one completion.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WcOutcome {
+    /// Deliver the event; `repost` is the receive slot to post again.
+    Event {
+        event: TransportEvent,
+        repost: Option<u32>,
+    },
+    /// A good completion whose content is unusable (counted, buffer re-posted).
+    Malformed { reason: String, repost: Option<u32> },
+    /// An error status: the QP is in the error state; the endpoint must be re-opened.
+    /// Flush errors (after the first error) are part of the same failure.
+    Failed {
+        kind: WrKind,
+        status: u32,
+        reason: String,
+    },
+}
+
+/// The source address in a receive's GRH area. RoCE v2 over IPv4 is recognised by a
+/// valid IPv4 header (version 4, IHL 5, correct checksum) in bytes 20..40; otherwise the
+/// area must be an IPv6/IB GRH (version 6), whose source GID is bytes 8..24.
+pub fn grh_source(grh: &[u8]) -> Result<Ipv6Addr, String> {
+    if grh.len() < GRH_LEN {
+        return Err(format!("GRH area is {} bytes, need {GRH_LEN}", grh.len()));
+    }
+    let ip4 = &grh[20..40];
+    if ip4[0] == 0x45 && ipv4_header_checksum_ok(ip4) {
+        let src = Ipv4Addr::new(ip4[12], ip4[13], ip4[14], ip4[15]);
+        return Ok(src.to_ipv6_mapped());
+    }
+    if grh[0] >> 4 == 6 {
+        let mut g = [0u8; 16];
+        g.copy_from_slice(&grh[8..24]);
+        return Ok(Ipv6Addr::from(g));
+    }
+    Err(format!(
+        "GRH holds neither an IPv6 header (first byte {:#04x}) nor an IPv4 header (byte 20 {:#04x})",
+        grh[0], grh[20]
+    ))
+}
+
+fn ipv4_header_checksum_ok(h: &[u8]) -> bool {
+    let mut sum: u32 = 0;
+    for pair in h[..20].chunks(2) {
+        sum += u16::from_be_bytes([pair[0], pair[1]]) as u32;
+    }
+    while sum > 0xFFFF {
+        sum = (sum & 0xFFFF) + (sum >> 16);
+    }
+    sum == 0xFFFF
+}
+
+/// Translates one completion. `recv_buf` is the receive slot's bytes (GRH + payload) for
+/// receive completions and ignored for sends.
+pub fn translate(rec: &WcRecord, recv_buf: &[u8]) -> WcOutcome {
+    let kind = WrKind::from_wr_id(rec.wr_id);
+    if rec.status != WC_SUCCESS {
+        let what = match kind {
+            WrKind::Send(id) => format!("send {id}"),
+            WrKind::Recv(slot) => format!("receive slot {slot}"),
+        };
+        return WcOutcome::Failed {
+            kind,
+            status: rec.status,
+            reason: format!(
+                "{what} completed with status {} ({})",
+                rec.status,
+                wc_status_name(rec.status)
+            ),
+        };
+    }
+    match kind {
+        WrKind::Send(id) => {
+            if rec.opcode != WC_OPCODE_SEND {
+                return WcOutcome::Malformed {
+                    reason: format!("send {id} completed with opcode {}", rec.opcode),
+                    repost: None,
+                };
+            }
+            WcOutcome::Event {
+                event: TransportEvent::Sent {
+                    id,
+                    tx_ts_ns: rec.ts_ns,
+                },
+                repost: None,
+            }
+        }
+        WrKind::Recv(slot) => {
+            let repost = Some(slot);
+            if rec.opcode != WC_OPCODE_RECV {
+                return WcOutcome::Malformed {
+                    reason: format!("receive slot {slot} completed with opcode {}", rec.opcode),
+                    repost,
+                };
+            }
+            if rec.wc_flags & WC_FLAG_GRH == 0 {
+                return WcOutcome::Malformed {
+                    reason: format!("receive slot {slot} has no GRH (not RoCE?)"),
+                    repost,
+                };
+            }
+            let byte_len = rec.byte_len as usize;
+            if byte_len < GRH_LEN || byte_len > recv_buf.len() {
+                return WcOutcome::Malformed {
+                    reason: format!(
+                        "receive slot {slot}: byte_len {byte_len} outside {GRH_LEN}..={}",
+                        recv_buf.len()
+                    ),
+                    repost,
+                };
+            }
+            let gid = match grh_source(&recv_buf[..GRH_LEN]) {
+                Ok(g) => g,
+                Err(reason) => {
+                    return WcOutcome::Malformed {
+                        reason: format!("receive slot {slot}: {reason}"),
+                        repost,
+                    }
+                }
+            };
+            let payload = &recv_buf[GRH_LEN..byte_len];
+            let mut data = [0u8; PAYLOAD_LEN];
+            let n = payload.len().min(PAYLOAD_LEN);
+            data[..n].copy_from_slice(&payload[..n]);
+            WcOutcome::Event {
+                event: TransportEvent::Received {
+                    from: Endpoint {
+                        gid,
+                        qpn: rec.src_qp & 0xFF_FFFF,
+                    },
+                    len: payload.len(),
+                    data,
+                    rx_ts_ns: Some(rec.ts_ns),
+                },
+                repost,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// A RoCE v2 / IPv6 GRH as the HCA writes it.
+    pub(crate) fn grh_v6(src: Ipv6Addr, dst: Ipv6Addr, flow_label: u32, tclass: u8) -> [u8; 40] {
+        let mut g = [0u8; 40];
+        let vtf: u32 = (6 << 28) | ((tclass as u32) << 20) | (flow_label & 0xF_FFFF);
+        g[0..4].copy_from_slice(&vtf.to_be_bytes());
+        g[4..6].copy_from_slice(&48u16.to_be_bytes()); // UDP 8 + BTH 12 + DETH 8 + 40 - ... (not checked)
+        g[6] = 17;
+        g[7] = 64;
+        g[8..24].copy_from_slice(&src.octets());
+        g[24..40].copy_from_slice(&dst.octets());
+        g
+    }
+
+    /// A RoCE v2 / IPv4 GRH area: 20 undefined bytes, then the IPv4 header.
+    pub(crate) fn grh_v4(src: Ipv4Addr, dst: Ipv4Addr, garbage: u8) -> [u8; 40] {
+        let mut g = [garbage; 40];
+        let h = &mut g[20..40];
+        h.copy_from_slice(&[0u8; 20]);
+        h[0] = 0x45;
+        h[1] = 0x68; // DSCP 26
+        h[2..4].copy_from_slice(&76u16.to_be_bytes());
+        h[6] = 0x40; // DF
+        h[8] = 64;
+        h[9] = 17;
+        h[12..16].copy_from_slice(&src.octets());
+        h[16..20].copy_from_slice(&dst.octets());
+        let mut sum: u32 = 0;
+        for p in h.chunks(2) {
+            sum += u16::from_be_bytes([p[0], p[1]]) as u32;
+        }
+        while sum > 0xFFFF {
+            sum = (sum & 0xFFFF) + (sum >> 16);
+        }
+        h[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+        g
+    }
+
+    fn buf(grh: [u8; 40], payload: &[u8]) -> Vec<u8> {
+        let mut b = vec![0u8; GRH_LEN + PAYLOAD_LEN];
+        b[..40].copy_from_slice(&grh);
+        b[40..40 + payload.len()].copy_from_slice(payload);
+        b
+    }
+
+    fn recv_rec(slot: u32, byte_len: u32, src_qp: u32) -> WcRecord {
+        WcRecord {
+            wr_id: WrKind::Recv(slot).to_wr_id(),
+            status: WC_SUCCESS,
+            opcode: WC_OPCODE_RECV,
+            byte_len,
+            src_qp,
+            wc_flags: WC_FLAG_GRH,
+            ts_ns: 777_000,
+        }
+    }
+
+    #[test]
+    fn wr_id_roundtrip() {
+        for k in [
+            WrKind::Send(0),
+            WrKind::Send(u32::MAX),
+            WrKind::Recv(0),
+            WrKind::Recv(511),
+        ] {
+            assert_eq!(WrKind::from_wr_id(k.to_wr_id()), k);
+        }
+        assert_ne!(WrKind::Send(3).to_wr_id(), WrKind::Recv(3).to_wr_id());
+    }
+
+    #[test]
+    fn receive_over_ipv4_roce_v2_gives_v4_mapped_source() {
+        let payload: Vec<u8> = (0u8..40).collect();
+        // 0x60 garbage in the undefined half must not be mistaken for an IPv6 header.
+        let b = buf(
+            grh_v4(Ipv4Addr::new(10, 0, 0, 7), Ipv4Addr::new(10, 0, 0, 8), 0x60),
+            &payload,
+        );
+        match translate(&recv_rec(5, 80, 0x00_0123), &b) {
+            WcOutcome::Event {
+                event:
+                    TransportEvent::Received {
+                        from,
+                        len,
+                        data,
+                        rx_ts_ns,
+                    },
+                repost,
+            } => {
+                assert_eq!(
+                    from,
+                    Endpoint {
+                        gid: "::ffff:10.0.0.7".parse().unwrap(),
+                        qpn: 0x123
+                    }
+                );
+                assert_eq!(len, 40);
+                assert_eq!(&data[..40], &payload[..]);
+                assert!(data[40..].iter().all(|&x| x == 0));
+                assert_eq!(rx_ts_ns, Some(777_000));
+                assert_eq!(repost, Some(5));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn receive_over_ipv6_gives_the_source_gid() {
+        let src: Ipv6Addr = "fd00::1:7".parse().unwrap();
+        let b = buf(
+            grh_v6(src, "fd00::1:8".parse().unwrap(), 0xABCDE, 0x68),
+            &[9; 40],
+        );
+        let out = translate(&recv_rec(0, 80, 0xFF00_0042), &b);
+        let WcOutcome::Event {
+            event: TransportEvent::Received { from, len, .. },
+            ..
+        } = out
+        else {
+            panic!("{out:?}")
+        };
+        // src_qp is 24 bits; junk above them is ignored.
+        assert_eq!(
+            from,
+            Endpoint {
+                gid: src,
+                qpn: 0x42
+            }
+        );
+        assert_eq!(len, 40);
+    }
+
+    #[test]
+    fn send_completion_becomes_sent() {
+        let rec = WcRecord {
+            wr_id: WrKind::Send(41).to_wr_id(),
+            status: WC_SUCCESS,
+            opcode: WC_OPCODE_SEND,
+            byte_len: 0,
+            src_qp: 0,
+            wc_flags: 0,
+            ts_ns: 123,
+        };
+        assert_eq!(
+            translate(&rec, &[]),
+            WcOutcome::Event {
+                event: TransportEvent::Sent {
+                    id: 41,
+                    tx_ts_ns: 123
+                },
+                repost: None
+            }
+        );
+    }
+
+    #[test]
+    fn error_statuses_fail_the_qp() {
+        let mut rec = recv_rec(3, 0, 0);
+        rec.status = WC_WR_FLUSH_ERR;
+        assert_eq!(
+            translate(&rec, &[]),
+            WcOutcome::Failed {
+                kind: WrKind::Recv(3),
+                status: 5,
+                reason: "receive slot 3 completed with status 5 (IBV_WC_WR_FLUSH_ERR)".into()
+            }
+        );
+        let rec = WcRecord {
+            wr_id: WrKind::Send(9).to_wr_id(),
+            status: 12,
+            opcode: 0,
+            byte_len: 0,
+            src_qp: 0,
+            wc_flags: 0,
+            ts_ns: 0,
+        };
+        let WcOutcome::Failed { reason, .. } = translate(&rec, &[]) else {
+            panic!()
+        };
+        assert_eq!(
+            reason,
+            "send 9 completed with status 12 (IBV_WC_RETRY_EXC_ERR)"
+        );
+        assert_eq!(wc_status_name(99), "IBV_WC_UNKNOWN");
+    }
+
+    #[test]
+    fn malformed_receives_are_reposted_not_delivered() {
+        let good = buf(
+            grh_v6("fd00::1".parse().unwrap(), "fd00::2".parse().unwrap(), 0, 0),
+            &[1; 40],
+        );
+        // No GRH flag.
+        let mut r = recv_rec(1, 80, 1);
+        r.wc_flags = 0;
+        assert_eq!(
+            translate(&r, &good),
+            WcOutcome::Malformed {
+                reason: "receive slot 1 has no GRH (not RoCE?)".into(),
+                repost: Some(1)
+            }
+        );
+        // Shorter than a GRH, or longer than the buffer.
+        for bl in [39u32, 200] {
+            let out = translate(&recv_rec(2, bl, 1), &good);
+            let WcOutcome::Malformed { reason, repost } = out else {
+                panic!()
+            };
+            assert!(reason.contains(&format!("byte_len {bl}")), "{reason}");
+            assert_eq!(repost, Some(2));
+        }
+        // Neither header: zeroed GRH area.
+        let zero = buf([0; 40], &[1; 40]);
+        let WcOutcome::Malformed { reason, .. } = translate(&recv_rec(4, 80, 1), &zero) else {
+            panic!()
+        };
+        assert!(
+            reason.starts_with("receive slot 4: GRH holds neither"),
+            "{reason}"
+        );
+        // An IPv4 header with a bad checksum inside an IPv6-looking area falls back to v6.
+        let mut g = grh_v4(Ipv4Addr::new(1, 2, 3, 4), Ipv4Addr::new(5, 6, 7, 8), 0x60);
+        g[30] ^= 0xFF;
+        assert!(grh_source(&g).unwrap().to_ipv4_mapped().is_none());
+        // Receive completion with a send opcode.
+        let mut r = recv_rec(6, 80, 1);
+        r.opcode = WC_OPCODE_SEND;
+        assert!(matches!(
+            translate(&r, &good),
+            WcOutcome::Malformed {
+                repost: Some(6),
+                ..
+            }
+        ));
+        assert!(grh_source(&[0; 10]).unwrap_err().contains("10 bytes"));
+    }
+
+    #[test]
+    fn empty_payload_is_a_zero_length_receive() {
+        let b = buf(
+            grh_v4(Ipv4Addr::new(10, 1, 1, 1), Ipv4Addr::new(10, 1, 1, 2), 0),
+            &[],
+        );
+        let WcOutcome::Event {
+            event: TransportEvent::Received { len, .. },
+            ..
+        } = translate(&recv_rec(0, 40, 7), &b)
+        else {
+            panic!()
+        };
+        assert_eq!(len, 0);
+    }
+}

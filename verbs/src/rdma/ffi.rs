@@ -1,0 +1,831 @@
+//! The only code that touches libibverbs pointers: RAII owners for context, PD, CQ, QP,
+//! MR and AH. Each child holds an `Arc` of its parent so destruction order is always
+//! right; no raw pointer leaves this module (callers get safe methods).
+//!
+//! libibverbs objects are thread-safe (the library and providers lock internally), so the
+//! owners are `Send + Sync`; the poller thread polls the CQ and posts receives while the
+//! agent posts sends.
+
+// bindgen's enum integer types differ across libibverbs versions: keep explicit casts.
+#![allow(clippy::unnecessary_cast)]
+
+use std::ffi::CStr;
+use std::io;
+use std::net::Ipv6Addr;
+use std::ptr::{self, NonNull};
+use std::sync::Arc;
+
+use rdma_sys::*;
+
+use super::completion::WcRecord;
+use super::error::{device_list_null_reason, RdmaError};
+
+fn verbs_err(device: &str, call: &'static str, source: io::Error) -> RdmaError {
+    RdmaError::Verbs {
+        device: device.to_string(),
+        call,
+        source,
+    }
+}
+
+/// An errno-returning call (0 = ok, else the errno itself; some providers return -1 and
+/// set errno).
+fn rc(device: &str, call: &'static str, r: i32) -> Result<(), RdmaError> {
+    match r {
+        0 => Ok(()),
+        r if r > 0 => Err(verbs_err(device, call, io::Error::from_raw_os_error(r))),
+        _ => Err(verbs_err(device, call, io::Error::last_os_error())),
+    }
+}
+
+/// Names of all RDMA devices. NULL (ENOSYS etc.) or an empty list is `NoDevices`.
+pub fn device_names() -> Result<Vec<String>, RdmaError> {
+    let mut n: i32 = 0;
+    // SAFETY: plain call; the list is freed below before returning.
+    let list = unsafe { ibv_get_device_list(&mut n) };
+    if list.is_null() {
+        let errno = io::Error::last_os_error().raw_os_error().unwrap_or(0);
+        return Err(RdmaError::NoDevices {
+            reason: device_list_null_reason(errno),
+        });
+    }
+    let mut names = Vec::new();
+    for i in 0..n.max(0) as usize {
+        // SAFETY: `list` has `n` valid entries; names are NUL-terminated C strings owned
+        // by the device (copied out before the list is freed).
+        unsafe {
+            let dev = *list.add(i);
+            if dev.is_null() {
+                break;
+            }
+            let name = ibv_get_device_name(dev);
+            if !name.is_null() {
+                names.push(CStr::from_ptr(name).to_string_lossy().into_owned());
+            }
+        }
+    }
+    // SAFETY: `list` came from ibv_get_device_list and is freed once.
+    unsafe { ibv_free_device_list(list) };
+    if names.is_empty() {
+        return Err(RdmaError::NoDevices {
+            reason: "ibv_get_device_list returned an empty list".into(),
+        });
+    }
+    Ok(names)
+}
+
+/// An open device.
+pub struct Context {
+    ctx: NonNull<ibv_context>,
+    name: String,
+}
+
+// SAFETY: see the module doc (libibverbs contexts are thread-safe).
+unsafe impl Send for Context {}
+unsafe impl Sync for Context {}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        // SAFETY: every child holds an Arc of this context, so none is left.
+        unsafe { ibv_close_device(self.ctx.as_ptr()) };
+    }
+}
+
+/// Device capabilities the backend needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceCaps {
+    /// kHz; 0 = no clock.
+    pub hca_core_clock: u64,
+    /// 0 = no completion timestamps.
+    pub completion_timestamp_mask: u64,
+    pub phys_port_cnt: u8,
+    pub max_qp_wr: u32,
+    pub max_cqe: u32,
+}
+
+impl Context {
+    pub fn open(name: &str) -> Result<Arc<Context>, RdmaError> {
+        let mut n: i32 = 0;
+        // SAFETY: as in device_names; the list is freed on every path below.
+        let list = unsafe { ibv_get_device_list(&mut n) };
+        if list.is_null() {
+            let errno = io::Error::last_os_error().raw_os_error().unwrap_or(0);
+            return Err(RdmaError::NoDevices {
+                reason: device_list_null_reason(errno),
+            });
+        }
+        let mut found = Vec::new();
+        let mut ctx = ptr::null_mut();
+        let mut open_err = None;
+        for i in 0..n.max(0) as usize {
+            // SAFETY: `list` has `n` entries, valid until freed.
+            unsafe {
+                let dev = *list.add(i);
+                if dev.is_null() {
+                    break;
+                }
+                let dn = CStr::from_ptr(ibv_get_device_name(dev))
+                    .to_string_lossy()
+                    .into_owned();
+                if dn == name {
+                    ctx = ibv_open_device(dev);
+                    if ctx.is_null() {
+                        open_err = Some(io::Error::last_os_error());
+                    }
+                    break;
+                }
+                found.push(dn);
+            }
+        }
+        // SAFETY: freed once; an opened context stays valid after the list is freed.
+        unsafe { ibv_free_device_list(list) };
+        if let Some(e) = open_err {
+            return Err(verbs_err(name, "ibv_open_device", e));
+        }
+        match NonNull::new(ctx) {
+            Some(ctx) => Ok(Arc::new(Context {
+                ctx,
+                name: name.to_string(),
+            })),
+            None if found.is_empty() => Err(RdmaError::NoDevices {
+                reason: "ibv_get_device_list returned an empty list".into(),
+            }),
+            None => Err(RdmaError::NoAllowedDevice {
+                allowed: vec![name.to_string()],
+                found,
+            }),
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn caps(&self) -> Result<DeviceCaps, RdmaError> {
+        // SAFETY: zeroed is valid for these plain C structs; the call writes `attr`.
+        let mut attr: ibv_device_attr_ex = unsafe { std::mem::zeroed() };
+        let r = unsafe { ibv_query_device_ex(self.ctx.as_ptr(), ptr::null(), &mut attr) };
+        rc(&self.name, "ibv_query_device_ex", r)?;
+        Ok(DeviceCaps {
+            hca_core_clock: attr.hca_core_clock,
+            completion_timestamp_mask: attr.completion_timestamp_mask,
+            phys_port_cnt: attr.orig_attr.phys_port_cnt,
+            max_qp_wr: attr.orig_attr.max_qp_wr.max(0) as u32,
+            max_cqe: attr.orig_attr.max_cqe.max(0) as u32,
+        })
+    }
+
+    /// The NIC clock now, in raw ticks (`ibv_query_rt_values_ex`); None if unsupported.
+    pub fn raw_clock(&self) -> Option<u64> {
+        // SAFETY: zeroed plain struct; the call fills raw_clock when it returns 0.
+        let mut v: ibv_values_ex = unsafe { std::mem::zeroed() };
+        v.comp_mask = ibv_values_mask::IBV_VALUES_MASK_RAW_CLOCK.0;
+        let r = unsafe { ibv_query_rt_values_ex(self.ctx.as_ptr(), &mut v) };
+        if r != 0 {
+            return None;
+        }
+        // mlx5 puts the cycle count in tv_nsec with tv_sec = 0; others use both fields.
+        Some(
+            (v.raw_clock.tv_sec as u64)
+                .wrapping_mul(1_000_000_000)
+                .wrapping_add(v.raw_clock.tv_nsec as u64),
+        )
+    }
+
+    /// The GID at `index` as libibverbs sees it (cross-check of the sysfs table).
+    pub fn query_gid(&self, port: u8, index: u32) -> Result<Ipv6Addr, RdmaError> {
+        // SAFETY: ibv_gid is 16 plain bytes; the call fills it.
+        let mut gid: ibv_gid = unsafe { std::mem::zeroed() };
+        let r = unsafe { ibv_query_gid(self.ctx.as_ptr(), port, index as i32, &mut gid) };
+        rc(&self.name, "ibv_query_gid", r)?;
+        // SAFETY: every bit pattern is a valid `raw`.
+        Ok(Ipv6Addr::from(unsafe { gid.raw }))
+    }
+
+    /// Non-blocking read of one async event: (event type, name). Sets the async fd to
+    /// O_NONBLOCK on first use.
+    pub fn poll_async_event(&self) -> Option<(u32, &'static str)> {
+        // SAFETY: async_fd is a descriptor owned by the context; fcntl on it is harmless.
+        unsafe {
+            let fd = (*self.ctx.as_ptr()).async_fd;
+            let fl = libc::fcntl(fd, libc::F_GETFL);
+            if fl >= 0 && fl & libc::O_NONBLOCK == 0 {
+                libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK);
+            }
+            let mut ev: ibv_async_event = std::mem::zeroed();
+            if ibv_get_async_event(self.ctx.as_ptr(), &mut ev) != 0 {
+                return None;
+            }
+            // Read the type as an integer: a newer kernel may send a value the bound
+            // Rust enum does not list.
+            let ty = ptr::read(ptr::addr_of!(ev.event_type) as *const u32);
+            ibv_ack_async_event(&mut ev);
+            Some((ty, async_event_name(ty)))
+        }
+    }
+}
+
+/// Names of `enum ibv_event_type`.
+pub fn async_event_name(ty: u32) -> &'static str {
+    match ty {
+        0 => "IBV_EVENT_CQ_ERR",
+        1 => "IBV_EVENT_QP_FATAL",
+        2 => "IBV_EVENT_QP_REQ_ERR",
+        3 => "IBV_EVENT_QP_ACCESS_ERR",
+        4 => "IBV_EVENT_COMM_EST",
+        5 => "IBV_EVENT_SQ_DRAINED",
+        6 => "IBV_EVENT_PATH_MIG",
+        7 => "IBV_EVENT_PATH_MIG_ERR",
+        8 => "IBV_EVENT_DEVICE_FATAL",
+        9 => "IBV_EVENT_PORT_ACTIVE",
+        10 => "IBV_EVENT_PORT_ERR",
+        11 => "IBV_EVENT_LID_CHANGE",
+        12 => "IBV_EVENT_PKEY_CHANGE",
+        13 => "IBV_EVENT_SM_CHANGE",
+        14 => "IBV_EVENT_SRQ_ERR",
+        15 => "IBV_EVENT_SRQ_LIMIT_REACHED",
+        16 => "IBV_EVENT_QP_LAST_WQE_REACHED",
+        17 => "IBV_EVENT_CLIENT_REREGISTER",
+        18 => "IBV_EVENT_GID_CHANGE",
+        19 => "IBV_EVENT_WQ_FATAL",
+        _ => "IBV_EVENT_UNKNOWN",
+    }
+}
+
+/// Async events after which the endpoint must be re-opened.
+pub fn async_event_is_fatal(ty: u32) -> bool {
+    matches!(ty, 0 | 1 | 2 | 3 | 8 | 10)
+}
+
+pub struct Pd {
+    pd: NonNull<ibv_pd>,
+    ctx: Arc<Context>,
+}
+
+// SAFETY: see the module doc.
+unsafe impl Send for Pd {}
+unsafe impl Sync for Pd {}
+
+impl Drop for Pd {
+    fn drop(&mut self) {
+        // SAFETY: children (QP, MR, AH) hold an Arc of this PD, so none is left.
+        unsafe { ibv_dealloc_pd(self.pd.as_ptr()) };
+    }
+}
+
+impl Pd {
+    pub fn alloc(ctx: &Arc<Context>) -> Result<Arc<Pd>, RdmaError> {
+        // SAFETY: valid context.
+        let pd = unsafe { ibv_alloc_pd(ctx.ctx.as_ptr()) };
+        let pd = NonNull::new(pd)
+            .ok_or_else(|| verbs_err(&ctx.name, "ibv_alloc_pd", io::Error::last_os_error()))?;
+        Ok(Arc::new(Pd {
+            pd,
+            ctx: ctx.clone(),
+        }))
+    }
+}
+
+enum CqPtr {
+    Ex(NonNull<ibv_cq_ex>),
+    Plain(NonNull<ibv_cq>),
+}
+
+/// A completion queue: extended (NIC timestamps) or plain (software timestamps).
+pub struct Cq {
+    cq: CqPtr,
+    ctx: Arc<Context>,
+}
+
+// SAFETY: see the module doc; polling happens from the one poller thread.
+unsafe impl Send for Cq {}
+unsafe impl Sync for Cq {}
+
+impl Drop for Cq {
+    fn drop(&mut self) {
+        // SAFETY: the QP using this CQ holds an Arc of it, so it is gone.
+        unsafe {
+            match self.cq {
+                CqPtr::Ex(p) => ibv_destroy_cq(ibv_cq_ex_to_cq(p.as_ptr())),
+                CqPtr::Plain(p) => ibv_destroy_cq(p.as_ptr()),
+            }
+        };
+    }
+}
+
+impl Cq {
+    /// An extended CQ reporting completion timestamps.
+    pub fn create_ex(ctx: &Arc<Context>, cqe: u32) -> Result<Arc<Cq>, io::Error> {
+        // SAFETY: zeroed plain struct, filled below; the call copies it.
+        let mut attr: ibv_cq_init_attr_ex = unsafe { std::mem::zeroed() };
+        attr.cqe = cqe;
+        attr.wc_flags = (ibv_create_cq_wc_flags::IBV_WC_EX_WITH_BYTE_LEN
+            | ibv_create_cq_wc_flags::IBV_WC_EX_WITH_SRC_QP
+            | ibv_create_cq_wc_flags::IBV_WC_EX_WITH_COMPLETION_TIMESTAMP)
+            .0 as u64;
+        let p = unsafe { ibv_create_cq_ex(ctx.ctx.as_ptr(), &mut attr) }.unwrap_or(ptr::null_mut());
+        match NonNull::new(p) {
+            Some(p) => Ok(Arc::new(Cq {
+                cq: CqPtr::Ex(p),
+                ctx: ctx.clone(),
+            })),
+            None => {
+                let e = io::Error::last_os_error();
+                // The wrapper sets errno to EOPNOTSUPP when the provider lacks the op.
+                Err(if e.raw_os_error() == Some(0) {
+                    io::Error::from_raw_os_error(libc::EOPNOTSUPP)
+                } else {
+                    e
+                })
+            }
+        }
+    }
+
+    pub fn create_plain(ctx: &Arc<Context>, cqe: u32) -> Result<Arc<Cq>, RdmaError> {
+        // SAFETY: valid context; no channel, no context pointer.
+        let p = unsafe {
+            ibv_create_cq(
+                ctx.ctx.as_ptr(),
+                cqe as i32,
+                ptr::null_mut(),
+                ptr::null_mut(),
+                0,
+            )
+        };
+        let p = NonNull::new(p)
+            .ok_or_else(|| verbs_err(&ctx.name, "ibv_create_cq", io::Error::last_os_error()))?;
+        Ok(Arc::new(Cq {
+            cq: CqPtr::Plain(p),
+            ctx: ctx.clone(),
+        }))
+    }
+
+    fn as_cq(&self) -> *mut ibv_cq {
+        match self.cq {
+            // SAFETY: the documented cast of libibverbs.
+            CqPtr::Ex(p) => unsafe { ibv_cq_ex_to_cq(p.as_ptr()) },
+            CqPtr::Plain(p) => p.as_ptr(),
+        }
+    }
+
+    /// Polls up to `max` completions into `out` as (record, raw timestamp). The raw
+    /// timestamp is NIC ticks for an extended CQ, None for a plain one.
+    /// Err = the CQ itself failed (device lost).
+    pub fn poll(
+        &self,
+        max: usize,
+        out: &mut Vec<(WcRecord, Option<u64>)>,
+    ) -> Result<usize, RdmaError> {
+        match self.cq {
+            CqPtr::Ex(p) => {
+                let cq = p.as_ptr();
+                // SAFETY: zeroed attr (comp_mask 0); reads happen only between a successful
+                // start_poll and end_poll, as the extended-CQ API requires.
+                unsafe {
+                    let mut attr: ibv_poll_cq_attr = std::mem::zeroed();
+                    let r = ibv_start_poll(cq, &mut attr);
+                    if r == libc::ENOENT {
+                        return Ok(0);
+                    }
+                    if r != 0 {
+                        return Err(RdmaError::DeviceLost {
+                            device: self.ctx.name.clone(),
+                            reason: format!(
+                                "ibv_start_poll failed: {}",
+                                io::Error::from_raw_os_error(r.abs())
+                            ),
+                        });
+                    }
+                    let mut n = 0;
+                    loop {
+                        let status = (*cq).status as u32;
+                        let ok = status == 0;
+                        let rec = WcRecord {
+                            wr_id: (*cq).wr_id,
+                            status,
+                            // Only wr_id and status are valid for error completions.
+                            opcode: if ok { ibv_wc_read_opcode(cq) as u32 } else { 0 },
+                            byte_len: if ok { ibv_wc_read_byte_len(cq) } else { 0 },
+                            src_qp: if ok { ibv_wc_read_src_qp(cq) } else { 0 },
+                            wc_flags: if ok { ibv_wc_read_wc_flags(cq) } else { 0 },
+                            ts_ns: 0,
+                        };
+                        let ts = if ok {
+                            Some(ibv_wc_read_completion_ts(cq))
+                        } else {
+                            None
+                        };
+                        out.push((rec, ts));
+                        n += 1;
+                        if n >= max {
+                            break;
+                        }
+                        let r = ibv_next_poll(cq);
+                        if r == libc::ENOENT {
+                            break;
+                        }
+                        if r != 0 {
+                            ibv_end_poll(cq);
+                            return Err(RdmaError::DeviceLost {
+                                device: self.ctx.name.clone(),
+                                reason: format!(
+                                    "ibv_next_poll failed: {}",
+                                    io::Error::from_raw_os_error(r.abs())
+                                ),
+                            });
+                        }
+                    }
+                    ibv_end_poll(cq);
+                    Ok(n)
+                }
+            }
+            CqPtr::Plain(p) => {
+                // SAFETY: ibv_wc is plain data; the call writes up to `max` entries.
+                let mut wcs: [ibv_wc; 32] = unsafe { std::mem::zeroed() };
+                let want = max.min(wcs.len()) as i32;
+                let r = unsafe { ibv_poll_cq(p.as_ptr(), want, wcs.as_mut_ptr()) };
+                if r < 0 {
+                    return Err(RdmaError::DeviceLost {
+                        device: self.ctx.name.clone(),
+                        reason: format!("ibv_poll_cq returned {r}"),
+                    });
+                }
+                for wc in &wcs[..r as usize] {
+                    out.push((
+                        WcRecord {
+                            wr_id: wc.wr_id,
+                            status: wc.status as u32,
+                            opcode: wc.opcode as u32,
+                            byte_len: wc.byte_len,
+                            src_qp: wc.src_qp,
+                            wc_flags: wc.wc_flags,
+                            ts_ns: 0,
+                        },
+                        None,
+                    ));
+                }
+                Ok(r as usize)
+            }
+        }
+    }
+}
+
+/// Registered memory owning its buffer (never moved or freed while registered).
+pub struct Mr {
+    mr: NonNull<ibv_mr>,
+    buf: NonNull<u8>,
+    len: usize,
+    _pd: Arc<Pd>,
+}
+
+// SAFETY: see the module doc; byte access goes through &mut self or explicit copies.
+unsafe impl Send for Mr {}
+unsafe impl Sync for Mr {}
+
+impl Drop for Mr {
+    fn drop(&mut self) {
+        // SAFETY: deregister first, then free the buffer allocated in `register`.
+        unsafe {
+            ibv_dereg_mr(self.mr.as_ptr());
+            drop(Vec::from_raw_parts(self.buf.as_ptr(), self.len, self.len));
+        }
+    }
+}
+
+impl Mr {
+    /// Allocates `len` zeroed bytes and registers them for local write.
+    pub fn register(pd: &Arc<Pd>, len: usize) -> Result<Mr, RdmaError> {
+        let mut v = vec![0u8; len.max(1)];
+        let len = v.len();
+        let buf = v.as_mut_ptr();
+        std::mem::forget(v);
+        // SAFETY: `buf` is a live allocation of `len` bytes owned by the Mr from here on.
+        let mr = unsafe {
+            ibv_reg_mr(
+                pd.pd.as_ptr(),
+                buf as *mut libc::c_void,
+                len,
+                ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0 as i32,
+            )
+        };
+        let buf = NonNull::new(buf).expect("Vec pointer is never null");
+        match NonNull::new(mr) {
+            Some(mr) => Ok(Mr {
+                mr,
+                buf,
+                len,
+                _pd: pd.clone(),
+            }),
+            None => {
+                let e = io::Error::last_os_error();
+                // SAFETY: not registered; reclaim the allocation.
+                unsafe { drop(Vec::from_raw_parts(buf.as_ptr(), len, len)) };
+                Err(verbs_err(&pd.ctx.name, "ibv_reg_mr", e))
+            }
+        }
+    }
+
+    fn lkey(&self) -> u32 {
+        // SAFETY: valid registered MR.
+        unsafe { (*self.mr.as_ptr()).lkey }
+    }
+
+    fn addr(&self, off: usize) -> u64 {
+        self.buf.as_ptr() as u64 + off as u64
+    }
+
+    /// Copies `len` bytes at `off` out. The caller guarantees no DMA is in flight there
+    /// (the slot's completion has been polled and it is not re-posted yet).
+    pub fn read(&self, off: usize, out: &mut [u8]) {
+        assert!(off + out.len() <= self.len, "MR read out of bounds");
+        // SAFETY: bounds checked; the HCA wrote before the completion we polled.
+        unsafe {
+            ptr::copy_nonoverlapping(self.buf.as_ptr().add(off), out.as_mut_ptr(), out.len())
+        };
+    }
+
+    /// Copies `data` in at `off` (a send slot whose previous send has completed).
+    pub fn write(&self, off: usize, data: &[u8]) {
+        assert!(off + data.len() <= self.len, "MR write out of bounds");
+        // SAFETY: bounds checked; the caller owns the slot (see `send`).
+        unsafe { ptr::copy_nonoverlapping(data.as_ptr(), self.buf.as_ptr().add(off), data.len()) };
+    }
+}
+
+pub struct Ah {
+    ah: NonNull<ibv_ah>,
+    _pd: Arc<Pd>,
+}
+
+// SAFETY: see the module doc.
+unsafe impl Send for Ah {}
+unsafe impl Sync for Ah {}
+
+impl Drop for Ah {
+    fn drop(&mut self) {
+        // SAFETY: callers destroy an AH only after its sends completed (see endpoint).
+        unsafe { ibv_destroy_ah(self.ah.as_ptr()) };
+    }
+}
+
+/// Path attributes of an address handle.
+#[derive(Debug, Clone, Copy)]
+pub struct AhSpec {
+    pub dgid: Ipv6Addr,
+    pub flow_label: u32,
+    pub sgid_index: u8,
+    pub hop_limit: u8,
+    pub traffic_class: u8,
+    pub service_level: u8,
+    pub port: u8,
+}
+
+impl Ah {
+    pub fn create(pd: &Arc<Pd>, s: &AhSpec) -> Result<Ah, RdmaError> {
+        // SAFETY: zeroed plain struct, filled below; the call copies it.
+        let mut attr: ibv_ah_attr = unsafe { std::mem::zeroed() };
+        attr.is_global = 1;
+        attr.grh.dgid = ibv_gid {
+            raw: s.dgid.octets(),
+        };
+        attr.grh.flow_label = s.flow_label & 0xF_FFFF;
+        attr.grh.sgid_index = s.sgid_index;
+        attr.grh.hop_limit = s.hop_limit;
+        attr.grh.traffic_class = s.traffic_class;
+        attr.sl = s.service_level;
+        attr.port_num = s.port;
+        let ah = unsafe { ibv_create_ah(pd.pd.as_ptr(), &mut attr) };
+        NonNull::new(ah)
+            .map(|ah| Ah {
+                ah,
+                _pd: pd.clone(),
+            })
+            .ok_or_else(|| verbs_err(&pd.ctx.name, "ibv_create_ah", io::Error::last_os_error()))
+    }
+}
+
+/// A UD queue pair, brought to RTS.
+pub struct Qp {
+    qp: NonNull<ibv_qp>,
+    qpn: u32,
+    name: String,
+    _cq: Arc<Cq>,
+    _pd: Arc<Pd>,
+}
+
+// SAFETY: see the module doc.
+unsafe impl Send for Qp {}
+unsafe impl Sync for Qp {}
+
+impl Drop for Qp {
+    fn drop(&mut self) {
+        // SAFETY: nothing uses the QP once its owner drops it (the poller is joined).
+        unsafe { ibv_destroy_qp(self.qp.as_ptr()) };
+    }
+}
+
+impl Qp {
+    pub fn create_ud(
+        pd: &Arc<Pd>,
+        cq: &Arc<Cq>,
+        port: u8,
+        qkey: u32,
+        send_wr: u32,
+        recv_wr: u32,
+    ) -> Result<Qp, RdmaError> {
+        let name = pd.ctx.name.clone();
+        // SAFETY: zeroed plain struct, filled below.
+        let mut init: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        init.send_cq = cq.as_cq();
+        init.recv_cq = cq.as_cq();
+        init.qp_type = ibv_qp_type::IBV_QPT_UD;
+        init.sq_sig_all = 1;
+        init.cap.max_send_wr = send_wr;
+        init.cap.max_recv_wr = recv_wr;
+        init.cap.max_send_sge = 1;
+        init.cap.max_recv_sge = 1;
+        let p = unsafe { ibv_create_qp(pd.pd.as_ptr(), &mut init) };
+        let qp = NonNull::new(p)
+            .ok_or_else(|| verbs_err(&name, "ibv_create_qp", io::Error::last_os_error()))?;
+        // SAFETY: valid QP.
+        let qpn = unsafe { (*qp.as_ptr()).qp_num };
+        let me = Qp {
+            qp,
+            qpn,
+            name,
+            _cq: cq.clone(),
+            _pd: pd.clone(),
+        };
+
+        let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = ibv_qp_state::IBV_QPS_INIT;
+        a.pkey_index = 0;
+        a.port_num = port;
+        a.qkey = qkey;
+        let mask = ibv_qp_attr_mask::IBV_QP_STATE
+            | ibv_qp_attr_mask::IBV_QP_PKEY_INDEX
+            | ibv_qp_attr_mask::IBV_QP_PORT
+            | ibv_qp_attr_mask::IBV_QP_QKEY;
+        me.modify(&mut a, mask, "ibv_modify_qp(INIT)")?;
+        let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = ibv_qp_state::IBV_QPS_RTR;
+        me.modify(&mut a, ibv_qp_attr_mask::IBV_QP_STATE, "ibv_modify_qp(RTR)")?;
+        let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = ibv_qp_state::IBV_QPS_RTS;
+        a.sq_psn = 0;
+        me.modify(
+            &mut a,
+            ibv_qp_attr_mask::IBV_QP_STATE | ibv_qp_attr_mask::IBV_QP_SQ_PSN,
+            "ibv_modify_qp(RTS)",
+        )?;
+        Ok(me)
+    }
+
+    fn modify(
+        &self,
+        a: &mut ibv_qp_attr,
+        mask: ibv_qp_attr_mask,
+        call: &'static str,
+    ) -> Result<(), RdmaError> {
+        // SAFETY: valid QP and attr.
+        let r = unsafe { ibv_modify_qp(self.qp.as_ptr(), a, mask.0 as i32) };
+        rc(&self.name, call, r)
+    }
+
+    pub fn qpn(&self) -> u32 {
+        self.qpn
+    }
+
+    /// True when the QP reports the error state.
+    pub fn in_error(&self) -> Result<bool, RdmaError> {
+        // SAFETY: zeroed plain structs written by the call.
+        let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        let mut i: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        let r = unsafe {
+            ibv_query_qp(
+                self.qp.as_ptr(),
+                &mut a,
+                ibv_qp_attr_mask::IBV_QP_STATE.0 as i32,
+                &mut i,
+            )
+        };
+        rc(&self.name, "ibv_query_qp", r)?;
+        Ok(a.qp_state == ibv_qp_state::IBV_QPS_ERR)
+    }
+
+    /// Posts receive slot `slot` (bytes [off, off+len) of `mr`) with `wr_id`.
+    pub fn post_recv(&self, mr: &Mr, off: usize, len: usize, wr_id: u64) -> Result<(), RdmaError> {
+        assert!(off + len <= mr.len, "receive slot outside its MR");
+        let mut sge = ibv_sge {
+            addr: mr.addr(off),
+            length: len as u32,
+            lkey: mr.lkey(),
+        };
+        let mut wr = ibv_recv_wr {
+            wr_id,
+            next: ptr::null_mut(),
+            sg_list: &mut sge,
+            num_sge: 1,
+        };
+        let mut bad = ptr::null_mut();
+        // SAFETY: the WR and SGE live across the call (the provider copies them); the
+        // buffer belongs to `mr`, which outlives the QP's use of it (endpoint drop order).
+        let r = unsafe { ibv_post_recv(self.qp.as_ptr(), &mut wr, &mut bad) };
+        rc(&self.name, "ibv_post_recv", r)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    /// Posts one signalled UD send of `mr[off..off+len]` through `ah`.
+    pub fn post_send_ud(
+        &self,
+        ah: &Ah,
+        remote_qpn: u32,
+        qkey: u32,
+        mr: &Mr,
+        off: usize,
+        len: usize,
+        wr_id: u64,
+    ) -> Result<(), RdmaError> {
+        assert!(off + len <= mr.len, "send slot outside its MR");
+        let mut sge = ibv_sge {
+            addr: mr.addr(off),
+            length: len as u32,
+            lkey: mr.lkey(),
+        };
+        // SAFETY: zeroed plain struct (unions included), filled below.
+        let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = wr_id;
+        wr.sg_list = &mut sge;
+        wr.num_sge = 1;
+        wr.opcode = ibv_wr_opcode::IBV_WR_SEND;
+        wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
+        wr.wr.ud = ud_t {
+            ah: ah.ah.as_ptr(),
+            remote_qpn,
+            remote_qkey: qkey,
+        };
+        let mut bad = ptr::null_mut();
+        // SAFETY: as in post_recv; the AH stays alive until this send completed.
+        let r = unsafe { ibv_post_send(self.qp.as_ptr(), &mut wr, &mut bad) };
+        rc(&self.name, "ibv_post_send", r)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rdma::completion as c;
+
+    #[test]
+    fn pure_constants_match_libibverbs() {
+        assert_eq!(c::WC_SUCCESS, ibv_wc_status::IBV_WC_SUCCESS as u32);
+        assert_eq!(
+            c::WC_WR_FLUSH_ERR,
+            ibv_wc_status::IBV_WC_WR_FLUSH_ERR as u32
+        );
+        assert_eq!(c::WC_OPCODE_SEND, ibv_wc_opcode::IBV_WC_SEND as u32);
+        assert_eq!(c::WC_OPCODE_RECV, ibv_wc_opcode::IBV_WC_RECV as u32);
+        assert_eq!(c::WC_FLAG_GRH, ibv_wc_flags::IBV_WC_GRH.0);
+        for s in 0..=ibv_wc_status::IBV_WC_TM_RNDV_INCOMPLETE {
+            // SAFETY: ibv_wc_status_str returns a static string for any value.
+            let lib = unsafe { CStr::from_ptr(ibv_wc_status_str(s)) }
+                .to_string_lossy()
+                .into_owned();
+            assert!(
+                c::wc_status_name(s as u32).starts_with("IBV_WC_"),
+                "{s} {lib}"
+            );
+        }
+        assert_eq!(
+            async_event_name(ibv_event_type::IBV_EVENT_DEVICE_FATAL as u32),
+            "IBV_EVENT_DEVICE_FATAL"
+        );
+        assert_eq!(
+            async_event_name(ibv_event_type::IBV_EVENT_WQ_FATAL as u32),
+            "IBV_EVENT_WQ_FATAL"
+        );
+        assert!(async_event_is_fatal(
+            ibv_event_type::IBV_EVENT_PORT_ERR as u32
+        ));
+        assert!(!async_event_is_fatal(
+            ibv_event_type::IBV_EVENT_PORT_ACTIVE as u32
+        ));
+    }
+
+    /// On this machine (no RDMA in the kernel) the device list fails with the clear line.
+    /// On an RDMA host the same call lists devices; both outcomes are checked strictly.
+    #[test]
+    fn device_list_gives_names_or_the_clear_line() {
+        match device_names() {
+            Ok(names) => assert!(!names.is_empty() && names.iter().all(|n| !n.is_empty())),
+            Err(e) => {
+                let s = e.to_string();
+                assert!(
+                    s.starts_with("no RDMA devices: ") && s.ends_with("; use transport: udp"),
+                    "{s}"
+                );
+                assert!(!s.contains('\n'));
+            }
+        }
+    }
+}
