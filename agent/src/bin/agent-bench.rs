@@ -1,0 +1,206 @@
+//! agent-bench: probe round trips/s of the agent's real per-RNIC driver against a minimal
+//! timestamped UDP ping-pong, both over the same `udp` transport on 127.0.0.1, each on a
+//! current-thread runtime. One JSON object per line on stdout; about 15 s in total.
+//!
+//! Usage: agent-bench [--seconds-per-run S] [--runs N]
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use rpingmesh_agent::rnic::{DriverParams, RnicDriver, StaticDriver};
+use rpingmesh_agent::targets::{Pinglists, ProbeTarget};
+use rpingmesh_agent::telemetry::Metrics;
+use rpingmesh_protocol::wire::ProbePacket;
+use rpingmesh_protocol::PinglistKind;
+use rpingmesh_verbs::clock::monotonic_ns;
+use rpingmesh_verbs::udp::UdpEndpoint;
+use rpingmesh_verbs::{SendParams, TransportEvent};
+use serde_json::json;
+
+fn bind() -> UdpEndpoint {
+    UdpEndpoint::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), "bench").expect("bind 127.0.0.1")
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// Baseline: one datagram in flight between two endpoints; the echo side answers each
+/// datagram at once; the timestamps (kernel TX/RX, T1 in the payload) are read but unused.
+fn pingpong(dur: Duration) -> f64 {
+    rt().block_on(async move {
+        let a = bind();
+        let b = bind();
+        let a_ep = a.local();
+        let b_ep = b.local();
+        let params = SendParams::default();
+        let echo = tokio::spawn(async move {
+            let mut ev = Vec::with_capacity(64);
+            loop {
+                if b.wait_events(&mut ev).await.is_err() {
+                    return;
+                }
+                for e in ev.drain(..) {
+                    if let TransportEvent::Received {
+                        from, len, data, ..
+                    } = e
+                    {
+                        let _ = b.send(&from, &params, &data[..len.min(64)]);
+                    }
+                }
+            }
+        });
+        let mut ev = Vec::with_capacity(64);
+        let mut rtt_sum = 0u64;
+        let mut done = 0u64;
+        let start = Instant::now();
+        let mut seq = 0u64;
+        a.send(
+            &b_ep,
+            &params,
+            &ProbePacket::probe(seq, monotonic_ns()).encode(),
+        )
+        .expect("send");
+        while start.elapsed() < dur {
+            if a.wait_events(&mut ev).await.is_err() {
+                break;
+            }
+            for e in ev.drain(..) {
+                if let TransportEvent::Received {
+                    len,
+                    data,
+                    rx_ts_ns,
+                    ..
+                } = e
+                {
+                    if let Ok(p) = ProbePacket::decode(&data[..len.min(64)]) {
+                        rtt_sum = rtt_sum.wrapping_add(monotonic_ns().saturating_sub(p.t1));
+                        let _ = rx_ts_ns;
+                        done += 1;
+                        seq += 1;
+                        a.send(
+                            &b_ep,
+                            &params,
+                            &ProbePacket::probe(seq, monotonic_ns()).encode(),
+                        )
+                        .expect("send");
+                    }
+                }
+            }
+        }
+        let secs = start.elapsed().as_secs_f64();
+        echo.abort();
+        let _ = (a_ep, rtt_sum);
+        done as f64 / secs
+    })
+}
+
+/// The agent: driver A probes driver B (B answers), one target, the limiter far above
+/// what the protocol can do; `in_flight` probes may be outstanding at once.
+fn agent(dur: Duration, in_flight: usize) -> (f64, u64) {
+    rt().block_on(async move {
+        let params = |tor: &str| DriverParams {
+            source_tor: tor.into(),
+            round_interval_ns: 1_000,
+            tor_mesh_rate: 1e9,
+            inter_tor_rate: 1e9,
+            probe_timeout_ns: 1_000_000_000,
+            max_in_flight: in_flight,
+            flow_label_rotation_period_sec: 3600,
+            service_level: 0,
+            traffic_class: 0,
+            analysis_window_ns: Some(30_000_000_000),
+            responder_only: false,
+            seq_epoch: rand::random(),
+        };
+        let a = RnicDriver::new(bind(), params("tor-a"), Metrics::disabled());
+        let b = RnicDriver::new(bind(), params("tor-b"), Metrics::disabled());
+        let target = ProbeTarget::new(b.local().gid, b.local().qpn, "tor-b", PinglistKind::TorMesh);
+        let (hb, tb) = StaticDriver::spawn(b, Pinglists::default(), None, None);
+        let (ha, ta) = StaticDriver::spawn(
+            a,
+            Pinglists {
+                tor_mesh: vec![target],
+                inter_tor: vec![],
+            },
+            None,
+            None,
+        );
+        // Warm-up, then measure completed probes over the window.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let s0 = ha.stats.snapshot();
+        let start = Instant::now();
+        tokio::time::sleep(dur).await;
+        let s1 = ha.stats.snapshot();
+        let secs = start.elapsed().as_secs_f64();
+        ha.stop();
+        hb.stop();
+        let _ = ta.await;
+        let _ = tb.await;
+        let ok = s1.probe_success - s0.probe_success;
+        let bad = (s1.probe_failed + s1.probe_invalid) - (s0.probe_failed + s0.probe_invalid);
+        (ok as f64 / secs, bad)
+    })
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn main() {
+    let mut secs = 2.0f64;
+    let mut runs = 3usize;
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut i = 0;
+    while i < args.len() {
+        let val = args.get(i + 1);
+        match (args[i].as_str(), val) {
+            ("--seconds-per-run", Some(v)) => secs = v.parse().unwrap_or_else(|_| usage(&args[i])),
+            ("--runs", Some(v)) => runs = v.parse().unwrap_or_else(|_| usage(&args[i])),
+            (other, _) => usage(other),
+        }
+        i += 2;
+    }
+    let dur = Duration::from_secs_f64(secs.max(0.1));
+    let runs = runs.max(1);
+    let mut base = Vec::new();
+    let mut ours = Vec::new();
+    let mut failures = 0;
+    // Interleaved so that machine noise hits both alike.
+    for _ in 0..runs {
+        base.push(pingpong(dur));
+        let (r, bad) = agent(dur, 1);
+        ours.push(r);
+        failures += bad;
+    }
+    let (piped, piped_bad) = agent(dur, 16);
+    let b = median(base.clone());
+    let a = median(ours.clone());
+    println!(
+        "{}",
+        json!({"bench": "udp_pingpong_baseline", "unit": "round_trips/s", "median": b, "runs": base, "in_flight": 1})
+    );
+    println!(
+        "{}",
+        json!({"bench": "agent_probe_round_trips", "unit": "probes/s", "median": a, "runs": ours, "in_flight": 1, "failed_or_invalid": failures})
+    );
+    println!(
+        "{}",
+        json!({"bench": "agent_probe_round_trips_pipelined", "unit": "probes/s", "value": piped, "in_flight": 16, "failed_or_invalid": piped_bad})
+    );
+    println!(
+        "{}",
+        json!({"bench": "agent_vs_baseline", "ratio": if b > 0.0 { a / b } else { 0.0 }, "target": 0.7})
+    );
+}
+
+fn usage(arg: &str) -> ! {
+    eprintln!(
+        "agent-bench: bad argument {arg:?}; usage: agent-bench [--seconds-per-run S] [--runs N]"
+    );
+    std::process::exit(2);
+}

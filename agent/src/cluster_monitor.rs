@@ -1,0 +1,198 @@
+//! Keeps each RNIC's pinglists fresh: fetched at start and every
+//! `pinglist_update_interval_sec`; on error the cached lists stay and the fetch is retried
+//! with backoff; NotFound (the controller restarted and lost us) re-registers first.
+//! Nothing here gates the responder: probes are answered whatever the controller does.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rpingmesh_proto::controller_agent::AgentRegistrationRequest;
+use rpingmesh_protocol::PinglistKind;
+use tokio::sync::{watch, Mutex};
+
+use crate::controller_client::{ControllerClient, ControllerError};
+use crate::targets::{convert_list, Pinglists};
+
+/// Registers the agent (all RNICs at once) and remembers whether the controller knows it.
+pub struct Registrar {
+    client: ControllerClient,
+    request: AgentRegistrationRequest,
+    state: Mutex<RegState>,
+}
+
+#[derive(Default)]
+struct RegState {
+    registered: bool,
+    failing: bool,
+}
+
+impl Registrar {
+    pub fn new(client: ControllerClient, request: AgentRegistrationRequest) -> Self {
+        Registrar {
+            client,
+            request,
+            state: Mutex::new(RegState::default()),
+        }
+    }
+
+    /// Registers unless already registered. The first failure of a streak is logged as
+    /// one error line; repeats are debug until it works again.
+    pub async fn ensure_registered(&self) -> Result<(), ControllerError> {
+        let mut st = self.state.lock().await;
+        if st.registered {
+            return Ok(());
+        }
+        match self.client.register(self.request.clone()).await {
+            Ok(()) => {
+                st.registered = true;
+                st.failing = false;
+                tracing::info!(
+                    controller = self.client.addr(),
+                    agent_id = %self.request.agent_id,
+                    rnics = self.request.rnics.len(),
+                    "registered with controller"
+                );
+                Ok(())
+            }
+            Err(e) => {
+                if !st.failing {
+                    tracing::error!(
+                        controller = self.client.addr(),
+                        error = %e,
+                        "cannot register with the controller; retrying with backoff (probes are still answered)"
+                    );
+                } else {
+                    tracing::debug!(controller = self.client.addr(), error = %e, "registration retry failed");
+                }
+                st.failing = true;
+                Err(e)
+            }
+        }
+    }
+
+    /// The controller no longer knows us: the next `ensure_registered` registers again.
+    pub async fn invalidate(&self) {
+        self.state.lock().await.registered = false;
+    }
+
+    pub async fn is_registered(&self) -> bool {
+        self.state.lock().await.registered
+    }
+}
+
+/// Backoff after the `n`th consecutive failure (1 s doubling), capped at `cap`.
+pub fn backoff(failures: u32, cap: Duration) -> Duration {
+    let secs = 1u64
+        .checked_shl(failures.saturating_sub(1).min(16))
+        .unwrap_or(u64::MAX);
+    Duration::from_secs(secs)
+        .min(cap)
+        .max(Duration::from_millis(100).min(cap))
+}
+
+pub struct MonitorParams {
+    pub agent_id: String,
+    pub tor_id: String,
+    /// This RNIC's GID, full form (the pinglist requester).
+    pub requester_gid: String,
+    pub update_interval: Duration,
+}
+
+/// Runs until `shutdown` turns true (or its sender is dropped).
+pub async fn run_cluster_monitor(
+    registrar: Arc<Registrar>,
+    client: ControllerClient,
+    params: MonitorParams,
+    tx: watch::Sender<Arc<Pinglists>>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut cached = Pinglists::default();
+    let mut failures = 0u32;
+    let cap = params.update_interval.min(Duration::from_secs(60));
+    loop {
+        let ok = refresh(&registrar, &client, &params, &mut cached, &tx).await;
+        let wait = if ok {
+            if failures > 0 {
+                tracing::info!(gid = %params.requester_gid, "pinglists fetched again");
+            }
+            failures = 0;
+            params.update_interval
+        } else {
+            failures += 1;
+            backoff(failures, cap)
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            r = shutdown.wait_for(|s| *s) => { let _ = r; return; }
+        }
+    }
+}
+
+/// One refresh of both lists; true when both were fetched. A list that fails keeps its
+/// cached value.
+async fn refresh(
+    registrar: &Registrar,
+    client: &ControllerClient,
+    p: &MonitorParams,
+    cached: &mut Pinglists,
+    tx: &watch::Sender<Arc<Pinglists>>,
+) -> bool {
+    if registrar.ensure_registered().await.is_err() {
+        return false;
+    }
+    let mut all_ok = true;
+    let mut changed = false;
+    for kind in [PinglistKind::TorMesh, PinglistKind::InterTor] {
+        let mut res = client
+            .get_pinglist(&p.agent_id, &p.tor_id, &p.requester_gid, kind)
+            .await;
+        if matches!(&res, Err(e) if e.is_not_found()) {
+            tracing::warn!(gid = %p.requester_gid, "controller does not know this agent (restarted?); registering again");
+            registrar.invalidate().await;
+            if registrar.ensure_registered().await.is_err() {
+                return false;
+            }
+            res = client
+                .get_pinglist(&p.agent_id, &p.tor_id, &p.requester_gid, kind)
+                .await;
+        }
+        match res {
+            Ok(list) => {
+                let (targets, bad) = convert_list(&list, kind);
+                for b in bad {
+                    tracing::warn!(error = %b, ?kind, "pinglist entry skipped");
+                }
+                if cached.list(kind) != targets.as_slice() {
+                    tracing::info!(gid = %p.requester_gid, ?kind, targets = targets.len(), "pinglist updated");
+                    *cached.list_mut(kind) = targets;
+                    changed = true;
+                }
+            }
+            Err(e) => {
+                all_ok = false;
+                tracing::warn!(gid = %p.requester_gid, ?kind, error = %e, "pinglist fetch failed; keeping the cached list");
+            }
+        }
+    }
+    if changed {
+        tx.send_replace(Arc::new(cached.clone()));
+    }
+    all_ok
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_and_caps() {
+        let cap = Duration::from_secs(30);
+        assert_eq!(backoff(1, cap), Duration::from_secs(1));
+        assert_eq!(backoff(2, cap), Duration::from_secs(2));
+        assert_eq!(backoff(4, cap), Duration::from_secs(8));
+        assert_eq!(backoff(6, cap), Duration::from_secs(30));
+        assert_eq!(backoff(1000, cap), Duration::from_secs(30));
+        // A short refresh interval caps the backoff too.
+        assert_eq!(backoff(3, Duration::from_secs(2)), Duration::from_secs(2));
+    }
+}

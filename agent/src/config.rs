@@ -1,0 +1,935 @@
+//! Agent configuration: every key of the Go agent plus rpingmesh's own, layered
+//! YAML file (--config) < `RPINGMESH_<KEY>` environment < CLI flags.
+//!
+//! Unknown YAML keys are errors; `validate` reports the first bad key in one line.
+
+use std::path::{Path, PathBuf};
+
+use figment::providers::{Format, Serialized};
+use figment::value::{Dict, Map, Value};
+use figment::Figment;
+use figment::{Metadata, Profile, Provider};
+use serde::{Deserialize, Deserializer, Serialize};
+
+/// Every key the agent understands (YAML key = env suffix = CLI flag in kebab case).
+pub const KEYS: &[&str] = &[
+    "agent_id",
+    "hostname",
+    "tor_id",
+    "controller_addr",
+    "probe_interval_ms",
+    "target_probe_rate_per_second",
+    "tor_mesh_probe_rate_per_second",
+    "inter_tor_probe_rate_per_second",
+    "pinglist_update_interval_sec",
+    "flow_label_rotation_period_sec",
+    "gid_index",
+    "service_level",
+    "traffic_class",
+    "allowed_device_names",
+    "metrics_enabled",
+    "otel_collector_addr",
+    "analysis_report_enabled",
+    "analysis_window_sec",
+    "self_protection_enabled",
+    "watchdog_interval_sec",
+    "max_memory_mb",
+    "max_procs",
+    "throttle_memory_ratio",
+    "throttle_cpu_percent",
+    "log_level",
+    "tls_mode",
+    "tls_cert_file",
+    "tls_key_file",
+    "tls_ca_file",
+    "tls_server_name",
+    "transport",
+    "udp_addresses",
+    "udp_port",
+    "probe_timeout_ms",
+    "metrics_export_interval_ms",
+    "responder_only",
+    "report_batch_max",
+];
+
+pub const ENV_PREFIX: &str = "RPINGMESH_";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TlsMode {
+    Disabled,
+    Tls,
+    Mtls,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Transport {
+    Udp,
+    Rdma,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AgentConfig {
+    #[serde(deserialize_with = "lenient_string")]
+    pub agent_id: String,
+    #[serde(deserialize_with = "lenient_string")]
+    pub hostname: String,
+    #[serde(deserialize_with = "lenient_string")]
+    pub tor_id: String,
+    #[serde(deserialize_with = "lenient_string")]
+    pub controller_addr: String,
+    pub probe_interval_ms: u64,
+    pub target_probe_rate_per_second: f64,
+    /// 0 = inherit target_probe_rate_per_second.
+    pub tor_mesh_probe_rate_per_second: f64,
+    /// 0 = inherit target_probe_rate_per_second.
+    pub inter_tor_probe_rate_per_second: f64,
+    pub pinglist_update_interval_sec: u64,
+    pub flow_label_rotation_period_sec: u64,
+    /// Signed so that a negative value is reported as out of range, not as a type error.
+    pub gid_index: i64,
+    pub service_level: i64,
+    pub traffic_class: i64,
+    #[serde(deserialize_with = "string_list")]
+    pub allowed_device_names: Vec<String>,
+    pub metrics_enabled: bool,
+    #[serde(deserialize_with = "lenient_string")]
+    pub otel_collector_addr: String,
+    pub analysis_report_enabled: bool,
+    pub analysis_window_sec: u64,
+    pub self_protection_enabled: bool,
+    pub watchdog_interval_sec: u64,
+    pub max_memory_mb: u64,
+    pub max_procs: u64,
+    pub throttle_memory_ratio: f64,
+    pub throttle_cpu_percent: f64,
+    #[serde(deserialize_with = "lenient_string")]
+    pub log_level: String,
+    pub tls_mode: TlsMode,
+    #[serde(deserialize_with = "lenient_string")]
+    pub tls_cert_file: String,
+    #[serde(deserialize_with = "lenient_string")]
+    pub tls_key_file: String,
+    #[serde(deserialize_with = "lenient_string")]
+    pub tls_ca_file: String,
+    #[serde(deserialize_with = "lenient_string")]
+    pub tls_server_name: String,
+    pub transport: Transport,
+    /// One pseudo-RNIC per address (device names udp0, udp1, ...).
+    #[serde(deserialize_with = "string_list")]
+    pub udp_addresses: Vec<String>,
+    /// 0 = an ephemeral port per address.
+    pub udp_port: u16,
+    pub probe_timeout_ms: u64,
+    pub metrics_export_interval_ms: u64,
+    /// Register and answer probes, send none.
+    pub responder_only: bool,
+    pub report_batch_max: usize,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        let host = local_hostname();
+        AgentConfig {
+            agent_id: host.clone(),
+            hostname: host,
+            tor_id: String::new(),
+            controller_addr: "localhost:50051".into(),
+            probe_interval_ms: 500,
+            target_probe_rate_per_second: 10.0,
+            tor_mesh_probe_rate_per_second: 0.0,
+            inter_tor_probe_rate_per_second: 0.0,
+            pinglist_update_interval_sec: 300,
+            flow_label_rotation_period_sec: 3600,
+            gid_index: 0,
+            service_level: 0,
+            traffic_class: 0,
+            allowed_device_names: Vec::new(),
+            metrics_enabled: true,
+            otel_collector_addr: "localhost:4317".into(),
+            analysis_report_enabled: true,
+            analysis_window_sec: 30,
+            self_protection_enabled: false,
+            watchdog_interval_sec: 5,
+            max_memory_mb: 0,
+            max_procs: 0,
+            throttle_memory_ratio: 0.9,
+            throttle_cpu_percent: 90.0,
+            log_level: "info".into(),
+            tls_mode: TlsMode::Disabled,
+            tls_cert_file: String::new(),
+            tls_key_file: String::new(),
+            tls_ca_file: String::new(),
+            tls_server_name: String::new(),
+            transport: Transport::Udp,
+            udp_addresses: vec!["127.0.0.1".into()],
+            udp_port: 18515,
+            probe_timeout_ms: 1000,
+            metrics_export_interval_ms: 10_000,
+            responder_only: false,
+            report_batch_max: 256,
+        }
+    }
+}
+
+/// A configuration error: one line, naming the key (or file) at fault.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+fn err(msg: impl Into<String>) -> ConfigError {
+    ConfigError(msg.into())
+}
+
+/// Command-line flags: one optional kebab-case flag per key; unset flags do not override.
+#[derive(Debug, Default, Clone, clap::Parser, Serialize)]
+#[command(
+    name = "rpingmesh-agent",
+    version,
+    about = "rpingmesh agent: probes RNICs with the 6-timestamp protocol and reports to the controller"
+)]
+pub struct CliArgs {
+    /// YAML config file (keys as in configs/agent.yaml).
+    #[arg(long)]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent_id: Option<String>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tor_id: Option<String>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub controller_addr: Option<String>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub probe_interval_ms: Option<u64>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub target_probe_rate_per_second: Option<f64>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tor_mesh_probe_rate_per_second: Option<f64>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub inter_tor_probe_rate_per_second: Option<f64>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pinglist_update_interval_sec: Option<u64>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flow_label_rotation_period_sec: Option<u64>,
+    #[arg(long, allow_negative_numbers = true)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gid_index: Option<i64>,
+    #[arg(long, allow_negative_numbers = true)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub service_level: Option<i64>,
+    #[arg(long, allow_negative_numbers = true)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub traffic_class: Option<i64>,
+    #[arg(long, value_delimiter = ',')]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allowed_device_names: Option<Vec<String>>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metrics_enabled: Option<bool>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub otel_collector_addr: Option<String>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub analysis_report_enabled: Option<bool>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub analysis_window_sec: Option<u64>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub self_protection_enabled: Option<bool>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub watchdog_interval_sec: Option<u64>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_memory_mb: Option<u64>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_procs: Option<u64>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub throttle_memory_ratio: Option<f64>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub throttle_cpu_percent: Option<f64>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub log_level: Option<String>,
+    #[arg(long, value_parser = ["disabled", "tls", "mtls"])]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_mode: Option<String>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_cert_file: Option<String>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_key_file: Option<String>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_ca_file: Option<String>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_server_name: Option<String>,
+    #[arg(long, value_parser = ["udp", "rdma"])]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub transport: Option<String>,
+    #[arg(long, value_delimiter = ',')]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub udp_addresses: Option<Vec<String>>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub udp_port: Option<u16>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub probe_timeout_ms: Option<u64>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metrics_export_interval_ms: Option<u64>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub responder_only: Option<bool>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub report_batch_max: Option<usize>,
+}
+
+impl AgentConfig {
+    /// Layers defaults < YAML file < `RPINGMESH_*` variables of `env` < CLI flags, then
+    /// validates. `env` is passed in (not read from the process) so tests stay hermetic.
+    pub fn load_from(cli: &CliArgs, env: &[(String, String)]) -> Result<Self, ConfigError> {
+        let mut fig = Figment::from(Serialized::defaults(AgentConfig::default()));
+        if let Some(path) = &cli.config {
+            if !path.is_file() {
+                return Err(err(format!(
+                    "config file {} does not exist or is not a file",
+                    path.display()
+                )));
+            }
+            fig = fig.merge(serde_saphyr::figment::Yaml::file_exact(path));
+        }
+        fig = fig.merge(EnvProvider::new(env));
+        fig = fig.merge(Serialized::defaults(cli));
+        let cfg: AgentConfig = fig
+            .extract()
+            .map_err(|e| figment_error(e, cli.config.as_deref()))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// `load_from` with the process environment.
+    pub fn load(cli: &CliArgs) -> Result<Self, ConfigError> {
+        let env: Vec<(String, String)> = std::env::vars().collect();
+        Self::load_from(cli, &env)
+    }
+
+    /// Checks every key; the first problem found is returned, naming its key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.tor_id.trim().is_empty() {
+            return Err(err(
+                "tor_id is required (set tor_id in the config file, RPINGMESH_TOR_ID, or --tor-id)",
+            ));
+        }
+        if self.agent_id.trim().is_empty() {
+            return Err(err("agent_id must not be empty (default: the hostname)"));
+        }
+        if self.controller_addr.trim().is_empty() {
+            return Err(err(
+                "controller_addr must not be empty (e.g. localhost:50051)",
+            ));
+        }
+        if self.probe_interval_ms == 0 {
+            return Err(err("probe_interval_ms must be > 0"));
+        }
+        for (key, v, zero_ok) in [
+            (
+                "target_probe_rate_per_second",
+                self.target_probe_rate_per_second,
+                false,
+            ),
+            (
+                "tor_mesh_probe_rate_per_second",
+                self.tor_mesh_probe_rate_per_second,
+                true,
+            ),
+            (
+                "inter_tor_probe_rate_per_second",
+                self.inter_tor_probe_rate_per_second,
+                true,
+            ),
+        ] {
+            if !v.is_finite() || v < 0.0 || (!zero_ok && v == 0.0) {
+                let want = if zero_ok {
+                    ">= 0 (0 = inherit target_probe_rate_per_second)"
+                } else {
+                    "> 0"
+                };
+                return Err(err(format!("{key} must be {want}, got {v}")));
+            }
+        }
+        if self.pinglist_update_interval_sec == 0 {
+            return Err(err("pinglist_update_interval_sec must be > 0"));
+        }
+        if !(0..=255).contains(&self.gid_index) {
+            return Err(err(format!(
+                "gid_index must be in 0..=255, got {}",
+                self.gid_index
+            )));
+        }
+        if !(0..=7).contains(&self.service_level) {
+            return Err(err(format!(
+                "service_level must be in 0..=7, got {}",
+                self.service_level
+            )));
+        }
+        if !(0..=255).contains(&self.traffic_class) {
+            return Err(err(format!(
+                "traffic_class must be in 0..=255, got {}",
+                self.traffic_class
+            )));
+        }
+        if self.metrics_enabled && self.otel_collector_addr.trim().is_empty() {
+            return Err(err(
+                "otel_collector_addr must not be empty when metrics_enabled is true",
+            ));
+        }
+        if self.analysis_window_sec == 0 {
+            return Err(err("analysis_window_sec must be > 0"));
+        }
+        if self.watchdog_interval_sec == 0 {
+            return Err(err("watchdog_interval_sec must be > 0"));
+        }
+        if !(self.throttle_memory_ratio > 0.0 && self.throttle_memory_ratio <= 1.0) {
+            return Err(err(format!(
+                "throttle_memory_ratio must be in (0, 1], got {}",
+                self.throttle_memory_ratio
+            )));
+        }
+        if !(self.throttle_cpu_percent > 0.0 && self.throttle_cpu_percent <= 100.0) {
+            return Err(err(format!(
+                "throttle_cpu_percent must be in (0, 100], got {}",
+                self.throttle_cpu_percent
+            )));
+        }
+        if !matches!(self.log_level.as_str(), "debug" | "info" | "warn" | "error") {
+            return Err(err(format!(
+                "log_level must be one of debug, info, warn, error, got {:?}",
+                self.log_level
+            )));
+        }
+        self.validate_tls()?;
+        if self.transport == Transport::Udp {
+            if self.udp_addresses.is_empty() {
+                return Err(err("udp_addresses must list at least one local IP address"));
+            }
+            for a in &self.udp_addresses {
+                if a.parse::<std::net::IpAddr>().is_err() {
+                    return Err(err(format!("udp_addresses: {a:?} is not an IP address")));
+                }
+            }
+        }
+        if self.probe_timeout_ms == 0 {
+            return Err(err("probe_timeout_ms must be > 0"));
+        }
+        if self.metrics_export_interval_ms == 0 {
+            return Err(err("metrics_export_interval_ms must be > 0"));
+        }
+        if self.report_batch_max == 0 {
+            return Err(err("report_batch_max must be > 0"));
+        }
+        Ok(())
+    }
+
+    fn validate_tls(&self) -> Result<(), ConfigError> {
+        let need = |key: &str, v: &str| -> Result<(), ConfigError> {
+            if v.is_empty() {
+                return Err(err(format!(
+                    "{key} is required when tls_mode is {}",
+                    self.tls_mode_str()
+                )));
+            }
+            if !Path::new(v).is_file() {
+                return Err(err(format!("{key}: file {v} does not exist")));
+            }
+            Ok(())
+        };
+        match self.tls_mode {
+            TlsMode::Disabled => Ok(()),
+            TlsMode::Tls => need("tls_ca_file", &self.tls_ca_file),
+            TlsMode::Mtls => {
+                need("tls_ca_file", &self.tls_ca_file)?;
+                need("tls_cert_file", &self.tls_cert_file)?;
+                need("tls_key_file", &self.tls_key_file)
+            }
+        }
+    }
+
+    fn tls_mode_str(&self) -> &'static str {
+        match self.tls_mode {
+            TlsMode::Disabled => "disabled",
+            TlsMode::Tls => "tls",
+            TlsMode::Mtls => "mtls",
+        }
+    }
+
+    /// Effective per-target rate of ToR-mesh targets (0 inherits the uniform rate).
+    pub fn tor_mesh_rate(&self) -> f64 {
+        inherit(
+            self.tor_mesh_probe_rate_per_second,
+            self.target_probe_rate_per_second,
+        )
+    }
+
+    /// Effective per-target rate of inter-ToR targets (0 inherits the uniform rate).
+    pub fn inter_tor_rate(&self) -> f64 {
+        inherit(
+            self.inter_tor_probe_rate_per_second,
+            self.target_probe_rate_per_second,
+        )
+    }
+}
+
+fn inherit(v: f64, fallback: f64) -> f64 {
+    if v > 0.0 {
+        v
+    } else {
+        fallback
+    }
+}
+
+/// `RPINGMESH_<KEY>` variables. Only known keys are taken, so unrelated `RPINGMESH_*`
+/// variables (the controller's, for instance) do not break the agent. Values are typed as
+/// figment types them (`[a, b]` is a list, `10` a number); string keys accept numbers.
+struct EnvProvider(Dict);
+
+impl EnvProvider {
+    fn new(env: &[(String, String)]) -> Self {
+        let mut dict = Dict::new();
+        for (k, v) in env {
+            let Some(suffix) = k.strip_prefix(ENV_PREFIX) else {
+                continue;
+            };
+            let key = suffix.to_ascii_lowercase();
+            if KEYS.contains(&key.as_str()) {
+                let value: Value = v.parse().unwrap_or_else(|_| Value::from(v.clone()));
+                dict.insert(key, value);
+            }
+        }
+        EnvProvider(dict)
+    }
+}
+
+impl Provider for EnvProvider {
+    fn metadata(&self) -> Metadata {
+        Metadata::named("environment (RPINGMESH_*)")
+    }
+    fn data(&self) -> Result<Map<Profile, Dict>, figment::Error> {
+        Ok(Profile::Default.collect(self.0.clone()))
+    }
+}
+
+fn figment_error(e: figment::Error, file: Option<&Path>) -> ConfigError {
+    use figment::error::Kind;
+    let source = match (&e.metadata, file) {
+        (Some(md), _) => match &md.source {
+            Some(src) => format!("{} {src}", md.name),
+            None => md.name.to_string(),
+        },
+        (None, Some(f)) => format!("YAML file {}", f.display()),
+        (None, None) => "configuration".to_string(),
+    };
+    let key = e.path.join(".");
+    match &e.kind {
+        Kind::UnknownField(field, _) => {
+            ConfigError(format!("unknown config key `{field}` in {source}"))
+        }
+        Kind::Message(m) if key.is_empty() => ConfigError(format!("{source}: {}", one_line(m))),
+        _ if key.is_empty() => ConfigError(format!("{source}: {}", one_line(&e.kind.to_string()))),
+        kind => ConfigError(format!(
+            "config key `{key}` in {source}: {}",
+            one_line(&kind.to_string())
+        )),
+    }
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// Strings that YAML or the environment may have typed as numbers or booleans
+/// (`tor_id: 1`) are taken as their text.
+fn lenient_string<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    d.deserialize_any(LenientString)
+}
+
+struct LenientString;
+
+impl<'de> serde::de::Visitor<'de> for LenientString {
+    type Value = String;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a string")
+    }
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<String, E> {
+        Ok(v.to_string())
+    }
+    fn visit_string<E: serde::de::Error>(self, v: String) -> Result<String, E> {
+        Ok(v)
+    }
+    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<String, E> {
+        Ok(v.to_string())
+    }
+    fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<String, E> {
+        Ok(v.to_string())
+    }
+    fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<String, E> {
+        Ok(v.to_string())
+    }
+    fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<String, E> {
+        Ok(v.to_string())
+    }
+    fn visit_unit<E: serde::de::Error>(self) -> Result<String, E> {
+        Ok(String::new())
+    }
+    fn visit_none<E: serde::de::Error>(self) -> Result<String, E> {
+        Ok(String::new())
+    }
+}
+
+/// A list given as a sequence, or as one comma-separated string (env: `a,b`).
+fn string_list<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    d.deserialize_any(StringList)
+}
+
+struct StringList;
+
+impl<'de> serde::de::Visitor<'de> for StringList {
+    type Value = Vec<String>;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a list of strings or a comma-separated string")
+    }
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Vec<String>, E> {
+        Ok(v.split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(String::from)
+            .collect())
+    }
+    fn visit_unit<E: serde::de::Error>(self) -> Result<Vec<String>, E> {
+        Ok(Vec::new())
+    }
+    fn visit_none<E: serde::de::Error>(self) -> Result<Vec<String>, E> {
+        Ok(Vec::new())
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<String>, A::Error> {
+        struct Item(String);
+        impl<'de> Deserialize<'de> for Item {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                lenient_string(d).map(Item)
+            }
+        }
+        let mut out = Vec::new();
+        while let Some(Item(s)) = seq.next_element()? {
+            let s = s.trim().to_string();
+            if !s.is_empty() {
+                out.push(s);
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The host name from gethostname(2); "localhost" when it cannot be read.
+pub fn local_hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: buf is valid for buf.len() bytes; gethostname NUL-terminates on success.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return "localhost".into();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    match std::str::from_utf8(&buf[..end]) {
+        Ok(s) if !s.is_empty() => s.to_string(),
+        _ => "localhost".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn cli(args: &[&str]) -> CliArgs {
+        let mut v = vec!["rpingmesh-agent"];
+        v.extend_from_slice(args);
+        CliArgs::try_parse_from(v).unwrap()
+    }
+
+    fn yaml(text: &str) -> tempfile::NamedTempFile {
+        let f = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(f.path(), text).unwrap();
+        f
+    }
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn defaults_match_the_go_readme() {
+        let c = AgentConfig::default();
+        assert_eq!(c.controller_addr, "localhost:50051");
+        assert_eq!(c.probe_interval_ms, 500);
+        assert_eq!(c.target_probe_rate_per_second, 10.0);
+        assert_eq!(c.tor_mesh_probe_rate_per_second, 0.0);
+        assert_eq!(c.pinglist_update_interval_sec, 300);
+        assert_eq!(c.flow_label_rotation_period_sec, 3600);
+        assert_eq!(c.otel_collector_addr, "localhost:4317");
+        assert_eq!(c.analysis_window_sec, 30);
+        assert_eq!(c.throttle_memory_ratio, 0.9);
+        assert_eq!(c.throttle_cpu_percent, 90.0);
+        assert_eq!(c.tls_mode, TlsMode::Disabled);
+        assert_eq!(c.transport, Transport::Udp);
+        assert_eq!(c.udp_addresses, vec!["127.0.0.1".to_string()]);
+        assert_eq!(c.udp_port, 18515);
+        assert_eq!(c.report_batch_max, 256);
+        assert_eq!(c.agent_id, local_hostname());
+        assert!(c.metrics_enabled && c.analysis_report_enabled && !c.responder_only);
+        // The per-type rates inherit the uniform one.
+        assert_eq!(c.tor_mesh_rate(), 10.0);
+        assert_eq!(c.inter_tor_rate(), 10.0);
+    }
+
+    #[test]
+    fn tor_id_is_required() {
+        let e = AgentConfig::load_from(&cli(&[]), &[]).unwrap_err();
+        assert!(e.0.starts_with("tor_id is required"), "{e}");
+    }
+
+    #[test]
+    fn file_then_env_then_cli() {
+        let f = yaml(
+            "tor_id: tor-file\nprobe_interval_ms: 100\ncontroller_addr: file:1\n\
+             tor_mesh_probe_rate_per_second: 10\ninter_tor_probe_rate_per_second: 1\n\
+             udp_addresses: [127.0.0.2, 127.0.0.3]\n",
+        );
+        let path = f.path().to_str().unwrap();
+        // File only.
+        let c = AgentConfig::load_from(&cli(&["--config", path]), &[]).unwrap();
+        assert_eq!(c.tor_id, "tor-file");
+        assert_eq!(c.probe_interval_ms, 100);
+        assert_eq!(c.udp_addresses, vec!["127.0.0.2", "127.0.0.3"]);
+        assert_eq!(c.inter_tor_rate(), 1.0);
+        assert_eq!(c.tor_mesh_rate(), 10.0);
+        // Env beats the file.
+        let e = env(&[
+            ("RPINGMESH_TOR_ID", "tor-env"),
+            ("RPINGMESH_PROBE_INTERVAL_MS", "200"),
+            ("RPINGMESH_UDP_ADDRESSES", "127.0.0.4,127.0.0.5"),
+            ("RPINGMESH_LISTEN_ADDR", ":1"), // a controller key: ignored, not an error
+            ("OTHER_TOR_ID", "x"),
+        ]);
+        let c = AgentConfig::load_from(&cli(&["--config", path]), &e).unwrap();
+        assert_eq!(c.tor_id, "tor-env");
+        assert_eq!(c.probe_interval_ms, 200);
+        assert_eq!(c.udp_addresses, vec!["127.0.0.4", "127.0.0.5"]);
+        assert_eq!(c.controller_addr, "file:1");
+        // CLI beats both.
+        let c = AgentConfig::load_from(
+            &cli(&[
+                "--config",
+                path,
+                "--tor-id",
+                "tor-cli",
+                "--udp-addresses",
+                "::1,127.0.0.9",
+                "--metrics-enabled",
+                "false",
+            ]),
+            &e,
+        )
+        .unwrap();
+        assert_eq!(c.tor_id, "tor-cli");
+        assert_eq!(c.probe_interval_ms, 200);
+        assert_eq!(c.udp_addresses, vec!["::1", "127.0.0.9"]);
+        assert!(!c.metrics_enabled);
+    }
+
+    #[test]
+    fn numeric_tor_id_is_text() {
+        let f = yaml("tor_id: 7\n");
+        let c =
+            AgentConfig::load_from(&cli(&["--config", f.path().to_str().unwrap()]), &[]).unwrap();
+        assert_eq!(c.tor_id, "7");
+        let c = AgentConfig::load_from(&cli(&[]), &env(&[("RPINGMESH_TOR_ID", "12")])).unwrap();
+        assert_eq!(c.tor_id, "12");
+    }
+
+    #[test]
+    fn unknown_yaml_key_is_named() {
+        let f = yaml("tor_id: t\nprobe_intervall_ms: 5\n");
+        let e = AgentConfig::load_from(&cli(&["--config", f.path().to_str().unwrap()]), &[])
+            .unwrap_err();
+        assert!(e.0.contains("probe_intervall_ms"), "{e}");
+        assert!(e.0.contains("unknown config key"), "{e}");
+        assert!(!e.0.contains('\n'));
+    }
+
+    #[test]
+    fn wrong_type_names_the_key() {
+        let f = yaml("tor_id: t\nprobe_interval_ms: fast\n");
+        let e = AgentConfig::load_from(&cli(&["--config", f.path().to_str().unwrap()]), &[])
+            .unwrap_err();
+        assert!(e.0.contains("probe_interval_ms"), "{e}");
+        assert!(!e.0.contains('\n'));
+        let e = AgentConfig::load_from(
+            &cli(&[]),
+            &env(&[("RPINGMESH_TOR_ID", "t"), ("RPINGMESH_UDP_PORT", "99999")]),
+        )
+        .unwrap_err();
+        assert!(e.0.contains("udp_port"), "{e}");
+        let e = AgentConfig::load_from(
+            &cli(&["--tor-id", "t"]),
+            &env(&[("RPINGMESH_TLS_MODE", "ssl")]),
+        )
+        .unwrap_err();
+        assert!(e.0.contains("tls_mode"), "{e}");
+    }
+
+    #[test]
+    fn missing_config_file_is_named() {
+        let e = AgentConfig::load_from(&cli(&["--config", "/nonexistent/agent.yaml"]), &[])
+            .unwrap_err();
+        assert!(e.0.contains("/nonexistent/agent.yaml"), "{e}");
+    }
+
+    #[test]
+    fn bad_yaml_is_one_line() {
+        let f = yaml("tor_id: [unterminated\n");
+        let e = AgentConfig::load_from(&cli(&["--config", f.path().to_str().unwrap()]), &[])
+            .unwrap_err();
+        assert!(!e.0.contains('\n'), "{e}");
+        assert!(e.0.contains("YAML"), "{e}");
+    }
+
+    fn invalid(mutate: impl FnOnce(&mut AgentConfig)) -> String {
+        let mut c = AgentConfig {
+            tor_id: "t".into(),
+            ..AgentConfig::default()
+        };
+        c.validate().unwrap();
+        mutate(&mut c);
+        c.validate().unwrap_err().0
+    }
+
+    #[test]
+    fn each_range_error_names_its_key() {
+        assert!(invalid(|c| c.gid_index = 256).starts_with("gid_index"));
+        assert!(invalid(|c| c.gid_index = -1).starts_with("gid_index"));
+        assert!(invalid(|c| c.service_level = 8).starts_with("service_level"));
+        assert!(invalid(|c| c.traffic_class = 300).starts_with("traffic_class"));
+        assert!(invalid(|c| c.probe_interval_ms = 0).starts_with("probe_interval_ms"));
+        assert!(invalid(|c| c.target_probe_rate_per_second = 0.0)
+            .starts_with("target_probe_rate_per_second"));
+        assert!(invalid(|c| c.tor_mesh_probe_rate_per_second = -1.0)
+            .starts_with("tor_mesh_probe_rate_per_second"));
+        assert!(invalid(|c| c.inter_tor_probe_rate_per_second = f64::NAN)
+            .starts_with("inter_tor_probe_rate_per_second"));
+        assert!(invalid(|c| c.pinglist_update_interval_sec = 0)
+            .starts_with("pinglist_update_interval_sec"));
+        assert!(invalid(|c| c.analysis_window_sec = 0).starts_with("analysis_window_sec"));
+        assert!(invalid(|c| c.watchdog_interval_sec = 0).starts_with("watchdog_interval_sec"));
+        assert!(invalid(|c| c.throttle_memory_ratio = 1.5).starts_with("throttle_memory_ratio"));
+        assert!(invalid(|c| c.throttle_cpu_percent = 0.0).starts_with("throttle_cpu_percent"));
+        assert!(invalid(|c| c.log_level = "verbose".into()).starts_with("log_level"));
+        assert!(invalid(|c| c.udp_addresses = vec![]).starts_with("udp_addresses"));
+        assert!(invalid(|c| c.udp_addresses = vec!["host".into()]).starts_with("udp_addresses"));
+        assert!(invalid(|c| c.probe_timeout_ms = 0).starts_with("probe_timeout_ms"));
+        assert!(invalid(|c| c.report_batch_max = 0).starts_with("report_batch_max"));
+        assert!(
+            invalid(|c| c.metrics_export_interval_ms = 0).starts_with("metrics_export_interval_ms")
+        );
+        assert!(invalid(|c| c.controller_addr = " ".into()).starts_with("controller_addr"));
+    }
+
+    #[test]
+    fn tls_files_must_exist_for_the_mode() {
+        let e = invalid(|c| c.tls_mode = TlsMode::Tls);
+        assert!(
+            e.starts_with("tls_ca_file is required when tls_mode is tls"),
+            "{e}"
+        );
+        let e = invalid(|c| {
+            c.tls_mode = TlsMode::Tls;
+            c.tls_ca_file = "/nonexistent/ca.pem".into();
+        });
+        assert!(
+            e.starts_with("tls_ca_file: file /nonexistent/ca.pem does not exist"),
+            "{e}"
+        );
+        let ca = yaml("ca");
+        let ca_path = ca.path().to_str().unwrap().to_string();
+        let e = invalid(|c| {
+            c.tls_mode = TlsMode::Mtls;
+            c.tls_ca_file = ca_path.clone();
+        });
+        assert!(
+            e.starts_with("tls_cert_file is required when tls_mode is mtls"),
+            "{e}"
+        );
+        let mut c = AgentConfig {
+            tor_id: "t".into(),
+            tls_mode: TlsMode::Mtls,
+            ..AgentConfig::default()
+        };
+        c.tls_ca_file = ca_path.clone();
+        c.tls_cert_file = ca_path.clone();
+        c.tls_key_file = ca_path;
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn shipped_config_loads() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../configs/agent.yaml");
+        // tor_id is per host: the shipped file leaves it to env or CLI.
+        let e = AgentConfig::load_from(&cli(&["--config", path]), &[]).unwrap_err();
+        assert!(e.0.starts_with("tor_id is required"), "{e}");
+        let c =
+            AgentConfig::load_from(&cli(&["--config", path, "--tor-id", "tor-a"]), &[]).unwrap();
+        assert_eq!(c.tor_mesh_rate(), 10.0);
+        assert_eq!(c.inter_tor_rate(), 1.0);
+    }
+
+    #[test]
+    fn every_key_is_a_field_and_a_flag() {
+        let json = serde_json::to_value(AgentConfig::default()).unwrap();
+        let fields: Vec<&String> = json.as_object().unwrap().keys().collect();
+        assert_eq!(fields.len(), KEYS.len());
+        for k in KEYS {
+            assert!(json.get(*k).is_some(), "{k} is not a field");
+            let flag = format!("--{}", k.replace('_', "-"));
+            let cmd = <CliArgs as clap::CommandFactory>::command();
+            assert!(
+                cmd.get_arguments()
+                    .any(|a| a.get_long() == Some(&flag[2..])),
+                "{flag} is not a CLI flag"
+            );
+        }
+    }
+}

@@ -1,0 +1,262 @@
+//! gRPC client of the controller's `ControllerService`: lazy connection, timeouts, TLS.
+
+use std::time::Duration;
+
+use rpingmesh_proto::controller_agent::controller_service_client::ControllerServiceClient;
+use rpingmesh_proto::controller_agent::{
+    AgentRegistrationRequest, PathSummary, PingTarget, PinglistRequest, PinglistType,
+    ProbeAnalysisAck, ProbeAnalysisReport, RnicInfo,
+};
+use rpingmesh_protocol::PinglistKind;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+
+use crate::config::{AgentConfig, TlsMode};
+
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+pub const RPC_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ControllerError {
+    #[error("controller RPC failed: {}: {}", .0.code(), .0.message())]
+    Rpc(tonic::Status),
+    #[error("controller rejected the registration: {0}")]
+    Rejected(String),
+}
+
+impl ControllerError {
+    /// The controller does not know this agent (it restarted and lost its registry).
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, ControllerError::Rpc(s) if s.code() == tonic::Code::NotFound)
+    }
+}
+
+/// `host:port` gets `http://` (or `https://` with TLS); an explicit scheme is kept.
+pub fn controller_uri(addr: &str, tls: bool) -> String {
+    if addr.contains("://") {
+        addr.to_string()
+    } else if tls {
+        format!("https://{addr}")
+    } else {
+        format!("http://{addr}")
+    }
+}
+
+/// One RNIC as registered: what `RnicInfo` carries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalRnic {
+    pub gid: std::net::Ipv6Addr,
+    pub qpn: u32,
+    pub ip_address: String,
+    pub device_name: String,
+}
+
+/// The registration of this agent with all of its RNICs (GIDs in full form).
+pub fn registration_request(cfg: &AgentConfig, rnics: &[LocalRnic]) -> AgentRegistrationRequest {
+    AgentRegistrationRequest {
+        agent_id: cfg.agent_id.clone(),
+        agent_ip: rnics
+            .first()
+            .map(|r| r.ip_address.clone())
+            .unwrap_or_default(),
+        hostname: cfg.hostname.clone(),
+        tor_id: cfg.tor_id.clone(),
+        rnics: rnics
+            .iter()
+            .map(|r| RnicInfo {
+                gid: rpingmesh_proto::gid::format_gid(&r.gid),
+                qpn: r.qpn,
+                ip_address: r.ip_address.clone(),
+                host_name: cfg.hostname.clone(),
+                tor_id: cfg.tor_id.clone(),
+                device_name: r.device_name.clone(),
+            })
+            .collect(),
+    }
+}
+
+pub fn pinglist_type(kind: PinglistKind) -> PinglistType {
+    match kind {
+        PinglistKind::TorMesh => PinglistType::TorMesh,
+        PinglistKind::InterTor => PinglistType::InterTor,
+    }
+}
+
+#[derive(Clone)]
+pub struct ControllerClient {
+    inner: ControllerServiceClient<Channel>,
+    addr: String,
+}
+
+impl ControllerClient {
+    /// Builds the channel without connecting: the first RPC connects (and reconnects
+    /// after failures), so an unreachable controller never blocks agent start.
+    pub fn connect_lazy(cfg: &AgentConfig) -> anyhow::Result<Self> {
+        let tls = cfg.tls_mode != TlsMode::Disabled;
+        let uri = controller_uri(&cfg.controller_addr, tls);
+        let mut ep = Endpoint::from_shared(uri.clone())
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "controller_addr {:?} is not a valid address: {e}",
+                    cfg.controller_addr
+                )
+            })?
+            .connect_timeout(CONNECT_TIMEOUT)
+            .timeout(RPC_TIMEOUT)
+            .tcp_nodelay(true);
+        if tls {
+            let read = |key: &str, path: &str| {
+                std::fs::read(path).map_err(|e| anyhow::anyhow!("{key}: cannot read {path}: {e}"))
+            };
+            let mut tls_cfg = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read(
+                "tls_ca_file",
+                &cfg.tls_ca_file,
+            )?));
+            if cfg.tls_mode == TlsMode::Mtls {
+                tls_cfg = tls_cfg.identity(Identity::from_pem(
+                    read("tls_cert_file", &cfg.tls_cert_file)?,
+                    read("tls_key_file", &cfg.tls_key_file)?,
+                ));
+            }
+            if !cfg.tls_server_name.is_empty() {
+                tls_cfg = tls_cfg.domain_name(cfg.tls_server_name.clone());
+            }
+            ep = ep
+                .tls_config(tls_cfg)
+                .map_err(|e| anyhow::anyhow!("tls_mode {:?}: bad TLS setup: {e}", cfg.tls_mode))?;
+        }
+        Ok(ControllerClient {
+            inner: ControllerServiceClient::new(ep.connect_lazy()),
+            addr: cfg.controller_addr.clone(),
+        })
+    }
+
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    pub async fn register(&self, req: AgentRegistrationRequest) -> Result<(), ControllerError> {
+        let resp = self
+            .inner
+            .clone()
+            .register_agent(req)
+            .await
+            .map_err(ControllerError::Rpc)?
+            .into_inner();
+        if resp.success {
+            Ok(())
+        } else {
+            Err(ControllerError::Rejected(resp.message))
+        }
+    }
+
+    pub async fn get_pinglist(
+        &self,
+        agent_id: &str,
+        tor_id: &str,
+        requester_gid: &str,
+        kind: PinglistKind,
+    ) -> Result<Vec<PingTarget>, ControllerError> {
+        let req = PinglistRequest {
+            agent_id: agent_id.to_string(),
+            tor_id: tor_id.to_string(),
+            requester_gid: requester_gid.to_string(),
+            r#type: pinglist_type(kind) as i32,
+        };
+        let resp = self
+            .inner
+            .clone()
+            .get_pinglist(req)
+            .await
+            .map_err(ControllerError::Rpc)?;
+        Ok(resp.into_inner().targets)
+    }
+
+    pub async fn report(
+        &self,
+        agent_id: &str,
+        summaries: Vec<PathSummary>,
+    ) -> Result<ProbeAnalysisAck, ControllerError> {
+        let req = ProbeAnalysisReport {
+            agent_id: agent_id.to_string(),
+            summaries,
+        };
+        let resp = self
+            .inner
+            .clone()
+            .report_probe_analysis(req)
+            .await
+            .map_err(ControllerError::Rpc)?;
+        Ok(resp.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uri_gets_a_scheme_only_when_missing() {
+        assert_eq!(
+            controller_uri("localhost:50051", false),
+            "http://localhost:50051"
+        );
+        assert_eq!(
+            controller_uri("10.0.0.1:50051", true),
+            "https://10.0.0.1:50051"
+        );
+        assert_eq!(controller_uri("http://c:1", true), "http://c:1");
+    }
+
+    #[test]
+    fn registration_carries_every_rnic_in_full_gid_form() {
+        let cfg = AgentConfig {
+            agent_id: "a1".into(),
+            hostname: "h1".into(),
+            tor_id: "tor-1".into(),
+            ..AgentConfig::default()
+        };
+        let rnics = vec![
+            LocalRnic {
+                gid: "127.0.0.1"
+                    .parse::<std::net::Ipv4Addr>()
+                    .unwrap()
+                    .to_ipv6_mapped(),
+                qpn: 18515,
+                ip_address: "127.0.0.1".into(),
+                device_name: "udp0".into(),
+            },
+            LocalRnic {
+                gid: "fe80::2".parse().unwrap(),
+                qpn: 18516,
+                ip_address: "fe80::2".into(),
+                device_name: "udp1".into(),
+            },
+        ];
+        let r = registration_request(&cfg, &rnics);
+        assert_eq!(r.agent_id, "a1");
+        assert_eq!(r.agent_ip, "127.0.0.1");
+        assert_eq!(r.hostname, "h1");
+        assert_eq!(r.tor_id, "tor-1");
+        assert_eq!(r.rnics.len(), 2);
+        assert_eq!(r.rnics[0].gid, "0000:0000:0000:0000:0000:ffff:7f00:0001");
+        assert_eq!(r.rnics[0].qpn, 18515);
+        assert_eq!(r.rnics[1].gid, "fe80:0000:0000:0000:0000:0000:0000:0002");
+        assert_eq!(r.rnics[1].device_name, "udp1");
+        assert_eq!(r.rnics[1].host_name, "h1");
+        assert_eq!(r.rnics[1].tor_id, "tor-1");
+    }
+
+    #[tokio::test]
+    async fn bad_address_is_a_clear_error() {
+        let cfg = AgentConfig {
+            tor_id: "t".into(),
+            controller_addr: "bad addr with spaces".into(),
+            ..AgentConfig::default()
+        };
+        let e = ControllerClient::connect_lazy(&cfg)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("controller_addr"), "{e}");
+    }
+}

@@ -1,0 +1,122 @@
+//! Probe targets as the driver sees them: a pinglist entry with its GID parsed.
+
+use std::net::Ipv6Addr;
+
+use rpingmesh_proto::controller_agent::PingTarget;
+use rpingmesh_proto::gid::{format_gid, parse_gid};
+use rpingmesh_protocol::PinglistKind;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProbeTarget {
+    pub gid: Ipv6Addr,
+    /// Full-form GID text (what summaries carry).
+    pub gid_text: String,
+    pub qpn: u32,
+    pub tor_id: String,
+    pub hostname: String,
+    pub device_name: String,
+    pub kind: PinglistKind,
+    /// Legacy single label, used verbatim when `flow_label_count <= 1`.
+    pub flow_label: u32,
+    pub flow_label_count: u32,
+    pub flow_label_seed: u32,
+}
+
+impl ProbeTarget {
+    /// Converts a pinglist entry; `kind` is the list it came in. A bad GID is an error
+    /// naming it (the caller skips that entry).
+    pub fn from_proto(t: &PingTarget, kind: PinglistKind) -> Result<Self, String> {
+        let gid = parse_gid(&t.target_gid).map_err(|e| e.to_string())?;
+        Ok(ProbeTarget {
+            gid,
+            gid_text: format_gid(&gid),
+            qpn: t.target_qpn,
+            tor_id: t.target_tor_id.clone(),
+            hostname: t.target_hostname.clone(),
+            device_name: t.target_device_name.clone(),
+            kind,
+            flow_label: t.flow_label,
+            flow_label_count: t.flow_label_count,
+            flow_label_seed: t.flow_label_seed,
+        })
+    }
+
+    /// A target for tests and benches (no controller): one flow label.
+    pub fn new(gid: Ipv6Addr, qpn: u32, tor_id: &str, kind: PinglistKind) -> Self {
+        ProbeTarget {
+            gid,
+            gid_text: format_gid(&gid),
+            qpn,
+            tor_id: tor_id.to_string(),
+            hostname: String::new(),
+            device_name: String::new(),
+            kind,
+            flow_label: 0,
+            flow_label_count: 1,
+            flow_label_seed: 0,
+        }
+    }
+}
+
+/// The two pinglists of one RNIC, as last fetched.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Pinglists {
+    pub tor_mesh: Vec<ProbeTarget>,
+    pub inter_tor: Vec<ProbeTarget>,
+}
+
+impl Pinglists {
+    pub fn list(&self, kind: PinglistKind) -> &[ProbeTarget] {
+        match kind {
+            PinglistKind::TorMesh => &self.tor_mesh,
+            PinglistKind::InterTor => &self.inter_tor,
+        }
+    }
+    pub fn list_mut(&mut self, kind: PinglistKind) -> &mut Vec<ProbeTarget> {
+        match kind {
+            PinglistKind::TorMesh => &mut self.tor_mesh,
+            PinglistKind::InterTor => &mut self.inter_tor,
+        }
+    }
+}
+
+/// Converts a fetched list, skipping (and returning) entries with a bad GID.
+pub fn convert_list(list: &[PingTarget], kind: PinglistKind) -> (Vec<ProbeTarget>, Vec<String>) {
+    let mut ok = Vec::with_capacity(list.len());
+    let mut bad = Vec::new();
+    for t in list {
+        match ProbeTarget::from_proto(t, kind) {
+            Ok(p) => ok.push(p),
+            Err(e) => bad.push(e),
+        }
+    }
+    (ok, bad)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn converts_and_normalizes() {
+        let t = PingTarget {
+            target_gid: "fe80::1".into(),
+            target_qpn: 7,
+            target_tor_id: "tor-b".into(),
+            flow_label_count: 4,
+            flow_label_seed: 0xdead_beef,
+            ..Default::default()
+        };
+        let bad = PingTarget {
+            target_gid: "nope".into(),
+            ..Default::default()
+        };
+        let (ok, errs) = convert_list(&[t, bad], PinglistKind::InterTor);
+        assert_eq!(ok.len(), 1);
+        assert_eq!(ok[0].gid_text, "fe80:0000:0000:0000:0000:0000:0000:0001");
+        assert_eq!(ok[0].kind, PinglistKind::InterTor);
+        assert_eq!(ok[0].flow_label_seed, 0xdead_beef);
+        assert_eq!(errs.len(), 1);
+        assert!(errs[0].contains("nope"));
+    }
+}

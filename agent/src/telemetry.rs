@@ -1,0 +1,350 @@
+//! OTLP/gRPC metrics with the Go agent's names, units and attributes, and JSON logs.
+
+use std::time::Duration;
+
+use opentelemetry::metrics::{Counter, Histogram, Meter, MeterProvider as _};
+use opentelemetry::KeyValue;
+use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
+use opentelemetry_sdk::Resource;
+use rpingmesh_protocol::rtt::{InvalidReason, RttSample};
+
+pub const SERVICE_NAME: &str = "rpingmesh-agent";
+
+/// Histogram bucket boundaries in ns (100 ns .. 10 ms), as in the Go agent.
+pub const RTT_BUCKETS_NS: [f64; 11] = [
+    100.0, 500.0, 1000.0, 5000.0, 10000.0, 50000.0, 100000.0, 500000.0, 1000000.0, 5000000.0,
+    10000000.0,
+];
+
+/// Why a probe failed (`reason` attribute of rpingmesh.probe_failed_total).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FailReason {
+    Timeout = 0,
+    MissingTimestamp = 1,
+    NegativeRtt = 2,
+    AbsurdRtt = 3,
+    SendError = 4,
+}
+
+impl FailReason {
+    pub const ALL: [FailReason; 5] = [
+        FailReason::Timeout,
+        FailReason::MissingTimestamp,
+        FailReason::NegativeRtt,
+        FailReason::AbsurdRtt,
+        FailReason::SendError,
+    ];
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailReason::Timeout => "timeout",
+            FailReason::MissingTimestamp => "missing_timestamp",
+            FailReason::NegativeRtt => "negative_rtt",
+            FailReason::AbsurdRtt => "absurd_rtt",
+            FailReason::SendError => "send_error",
+        }
+    }
+    pub fn from_invalid(r: InvalidReason) -> Self {
+        match r {
+            InvalidReason::MissingTimestamp => FailReason::MissingTimestamp,
+            InvalidReason::Negative => FailReason::NegativeRtt,
+            InvalidReason::Absurd => FailReason::AbsurdRtt,
+        }
+    }
+}
+
+/// Why an incoming datagram was dropped (`reason` of rpingmesh.agent.dropped_packets_total).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DropReason {
+    BadLength = 0,
+    BadVersion = 1,
+    UnknownMsgType = 2,
+    UnknownAckType = 3,
+    Inconsistent = 4,
+}
+
+impl DropReason {
+    pub const ALL: [DropReason; 5] = [
+        DropReason::BadLength,
+        DropReason::BadVersion,
+        DropReason::UnknownMsgType,
+        DropReason::UnknownAckType,
+        DropReason::Inconsistent,
+    ];
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DropReason::BadLength => "bad_length",
+            DropReason::BadVersion => "bad_version",
+            DropReason::UnknownMsgType => "unknown_msg_type",
+            DropReason::UnknownAckType => "unknown_ack_type",
+            DropReason::Inconsistent => "inconsistent",
+        }
+    }
+}
+
+/// Attribute arrays of one (source ToR, target ToR) pair, built once per target so that
+/// recording a probe allocates nothing.
+#[derive(Debug, Clone)]
+pub struct PathAttrs {
+    base: [KeyValue; 2],
+    failed: [[KeyValue; 3]; 5],
+}
+
+impl PathAttrs {
+    pub fn new(source_tor: &str, target_tor: &str) -> Self {
+        let s = KeyValue::new("source_tor", source_tor.to_string());
+        let t = KeyValue::new("target_tor", target_tor.to_string());
+        let failed =
+            FailReason::ALL.map(|r| [s.clone(), t.clone(), KeyValue::new("reason", r.as_str())]);
+        PathAttrs {
+            base: [s, t],
+            failed,
+        }
+    }
+}
+
+/// The agent's instruments. Cheap to clone (handles to shared instruments).
+#[derive(Clone)]
+pub struct Metrics {
+    network_rtt: Histogram<u64>,
+    prober_delay: Histogram<u64>,
+    responder_delay: Histogram<u64>,
+    success: Counter<u64>,
+    failed: Counter<u64>,
+    total: Counter<u64>,
+    dropped: Counter<u64>,
+    drop_attrs: [[KeyValue; 1]; 5],
+}
+
+impl Metrics {
+    pub fn new(meter: &Meter) -> Self {
+        let hist = |name: &'static str, desc: &'static str| {
+            meter
+                .u64_histogram(name)
+                .with_unit("ns")
+                .with_description(desc)
+                .with_boundaries(RTT_BUCKETS_NS.to_vec())
+                .build()
+        };
+        Metrics {
+            network_rtt: hist("rpingmesh.network_rtt_ns", "Pure network round-trip time"),
+            prober_delay: hist(
+                "rpingmesh.prober_delay_ns",
+                "Prober-side processing overhead",
+            ),
+            responder_delay: hist("rpingmesh.responder_delay_ns", "Responder processing time"),
+            success: meter
+                .u64_counter("rpingmesh.probe_success_total")
+                .with_description("Successful probe count")
+                .build(),
+            failed: meter
+                .u64_counter("rpingmesh.probe_failed_total")
+                .with_description("Failed probe count")
+                .build(),
+            total: meter
+                .u64_counter("rpingmesh.probe_total")
+                .with_description("Total probe attempts")
+                .build(),
+            dropped: meter
+                .u64_counter("rpingmesh.agent.dropped_packets_total")
+                .with_description("Malformed datagrams dropped on the probe port")
+                .build(),
+            drop_attrs: DropReason::ALL.map(|r| [KeyValue::new("reason", r.as_str())]),
+        }
+    }
+
+    /// Instruments that record nowhere (metrics_enabled: false).
+    pub fn disabled() -> Self {
+        Metrics::new(&SdkMeterProvider::builder().build().meter(SERVICE_NAME))
+    }
+
+    pub fn record_success(&self, attrs: &PathAttrs, s: &RttSample) {
+        self.total.add(1, &attrs.base);
+        self.success.add(1, &attrs.base);
+        self.network_rtt.record(s.network_rtt_ns, &attrs.base);
+        self.prober_delay.record(s.prober_delay_ns, &attrs.base);
+        self.responder_delay
+            .record(s.responder_delay_ns, &attrs.base);
+    }
+
+    pub fn record_failure(&self, attrs: &PathAttrs, reason: FailReason) {
+        self.total.add(1, &attrs.base);
+        self.failed.add(1, &attrs.failed[reason as usize]);
+    }
+
+    pub fn record_dropped(&self, reason: DropReason) {
+        self.dropped.add(1, &self.drop_attrs[reason as usize]);
+    }
+}
+
+/// The metrics pipeline: a meter provider (with an OTLP exporter when enabled).
+pub struct Telemetry {
+    provider: SdkMeterProvider,
+    pub metrics: Metrics,
+}
+
+/// OTLP endpoint URI from a collector address (`host:port` gets `http://`).
+pub fn collector_uri(addr: &str) -> String {
+    if addr.contains("://") {
+        addr.to_string()
+    } else {
+        format!("http://{addr}")
+    }
+}
+
+impl Telemetry {
+    /// Builds the OTLP pipeline; a bad exporter setup is logged and metrics go nowhere
+    /// (never fatal). Must run inside a tokio runtime (the tonic exporter needs one).
+    pub fn init(enabled: bool, collector_addr: &str, export_interval: Duration) -> Self {
+        let resource = Resource::builder().with_service_name(SERVICE_NAME).build();
+        let mut builder = SdkMeterProvider::builder().with_resource(resource);
+        if enabled {
+            use opentelemetry_otlp::WithExportConfig;
+            match opentelemetry_otlp::MetricExporter::builder()
+                .with_tonic()
+                .with_endpoint(collector_uri(collector_addr))
+                .with_timeout(Duration::from_secs(5))
+                .build()
+            {
+                Ok(exporter) => {
+                    let reader = PeriodicReader::builder(exporter)
+                        .with_interval(export_interval)
+                        .build();
+                    builder = builder.with_reader(reader);
+                }
+                Err(e) => tracing::error!(
+                    error = %e,
+                    collector = collector_addr,
+                    "OTLP metric exporter could not be built; metrics are not exported"
+                ),
+            }
+        }
+        Self::from_provider(builder.build())
+    }
+
+    /// Wraps an existing provider (tests attach their own reader).
+    pub fn from_provider(provider: SdkMeterProvider) -> Self {
+        let metrics = Metrics::new(&provider.meter(SERVICE_NAME));
+        Telemetry { provider, metrics }
+    }
+
+    /// Final export, best-effort. Blocks: call from a blocking context.
+    pub fn shutdown(&self) {
+        if let Err(e) = self.provider.shutdown() {
+            tracing::warn!(error = %e, "metrics shutdown");
+        }
+    }
+
+    pub fn provider(&self) -> &SdkMeterProvider {
+        &self.provider
+    }
+}
+
+/// JSON logs on stderr at `level` (RUST_LOG, when set, wins).
+pub fn init_logging(level: &str) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level));
+    let _ = tracing_subscriber::fmt()
+        .json()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_current_span(false)
+        .try_init();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData};
+    use opentelemetry_sdk::metrics::InMemoryMetricExporter;
+
+    #[test]
+    fn collector_uri_adds_scheme() {
+        assert_eq!(collector_uri("localhost:4317"), "http://localhost:4317");
+        assert_eq!(collector_uri("https://c:4317"), "https://c:4317");
+    }
+
+    #[test]
+    fn names_units_buckets_and_attributes() {
+        let exporter = InMemoryMetricExporter::default();
+        let reader = PeriodicReader::builder(exporter.clone()).build();
+        let provider = SdkMeterProvider::builder().with_reader(reader).build();
+        let t = Telemetry::from_provider(provider);
+        let attrs = PathAttrs::new("tor-a", "tor-b");
+        let s = RttSample {
+            network_rtt_ns: 700,
+            prober_delay_ns: 20_000,
+            responder_delay_ns: 3_000,
+        };
+        t.metrics.record_success(&attrs, &s);
+        t.metrics.record_failure(&attrs, FailReason::Timeout);
+        t.metrics.record_failure(&attrs, FailReason::NegativeRtt);
+        t.metrics.record_dropped(DropReason::BadLength);
+        t.provider().force_flush().unwrap();
+        let got = exporter.get_finished_metrics().unwrap();
+        let metrics: Vec<_> = got
+            .iter()
+            .flat_map(|rm| rm.scope_metrics())
+            .flat_map(|sm| sm.metrics())
+            .collect();
+        let find = |n: &str| {
+            *metrics
+                .iter()
+                .find(|m| m.name() == n)
+                .unwrap_or_else(|| panic!("{n} missing"))
+        };
+        for n in [
+            "rpingmesh.network_rtt_ns",
+            "rpingmesh.prober_delay_ns",
+            "rpingmesh.responder_delay_ns",
+        ] {
+            let m = find(n);
+            assert_eq!(m.unit(), "ns");
+            let AggregatedMetrics::U64(MetricData::Histogram(h)) = m.data() else {
+                panic!("{n} not a u64 histogram")
+            };
+            let p = h.data_points().next().unwrap();
+            assert_eq!(p.bounds().collect::<Vec<_>>(), RTT_BUCKETS_NS.to_vec());
+            let mut keys: Vec<_> = p
+                .attributes()
+                .map(|kv| (kv.key.to_string(), kv.value.to_string()))
+                .collect();
+            keys.sort();
+            assert_eq!(
+                keys,
+                vec![
+                    ("source_tor".into(), "tor-a".into()),
+                    ("target_tor".into(), "tor-b".into())
+                ]
+            );
+        }
+        let sum = |n: &str| -> Vec<(Vec<String>, u64)> {
+            let AggregatedMetrics::U64(MetricData::Sum(s)) = find(n).data() else {
+                panic!("{n} not a u64 sum")
+            };
+            s.data_points()
+                .map(|p| {
+                    let mut a: Vec<String> = p
+                        .attributes()
+                        .map(|kv| format!("{}={}", kv.key, kv.value))
+                        .collect();
+                    a.sort();
+                    (a, p.value())
+                })
+                .collect()
+        };
+        assert_eq!(sum("rpingmesh.probe_total")[0].1, 3);
+        assert_eq!(sum("rpingmesh.probe_success_total")[0].1, 1);
+        let mut failed = sum("rpingmesh.probe_failed_total");
+        failed.sort();
+        assert_eq!(failed.len(), 2);
+        assert!(failed
+            .iter()
+            .any(|(a, v)| *v == 1 && a.contains(&"reason=timeout".to_string())));
+        assert!(failed
+            .iter()
+            .any(|(a, v)| *v == 1 && a.contains(&"reason=negative_rtt".to_string())));
+        assert!(failed[0].0.contains(&"source_tor=tor-a".to_string()));
+        let dropped = sum("rpingmesh.agent.dropped_packets_total");
+        assert_eq!(dropped, vec![(vec!["reason=bad_length".to_string()], 1)]);
+    }
+}
