@@ -1,1 +1,18 @@
+//! rpingmesh-controller: RNIC registry (SQLite behind a trait, in-memory index),
+//! pinglists with ECMP flow-label coverage, the Phase 1 analyzer and the operator API.
+//!
+//! Pure parts (`ecmp`, `pinglist`, `analyzer`, `registry::RegistryIndex`) do no I/O;
+//! `service` and `server` are the thin gRPC layer over them.
 
+pub mod analyzer;
+pub mod config;
+pub mod ecmp;
+pub mod pinglist;
+pub mod registry;
+pub mod server;
+pub mod service;
+pub mod telemetry;
+
+pub use config::{CliArgs, ControllerConfig};
+pub use server::{start, start_with_state, ServerHandle};
+pub use service::ControllerState;

@@ -1,0 +1,499 @@
+//! Phase 1 analyzer (pure, no I/O): per-path window retention and SLA checks over
+//! agent-reported `PathSummary` batches, plus the queries behind the operator API.
+//!
+//! Hot path: GIDs are interned to u32 ids (lookup by `&str`, no allocation for known
+//! GIDs) and summaries are moved, not copied, into the path's window ring.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+use rpingmesh_proto::controller_agent::PathSummary;
+use rpingmesh_proto::operator::TorPairStats;
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AnalyzerParams {
+    pub sla_loss_ratio: f64,
+    /// 0 disables the RTT check.
+    pub sla_network_rtt_p99_ns: u64,
+    pub window_retention: usize,
+    pub violation_log_capacity: usize,
+}
+
+impl Default for AnalyzerParams {
+    fn default() -> Self {
+        Self {
+            sla_loss_ratio: 0.02,
+            sla_network_rtt_p99_ns: 500_000,
+            window_retention: 20,
+            violation_log_capacity: 1000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ViolationKind {
+    Loss,
+    Rtt,
+}
+
+impl ViolationKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ViolationKind::Loss => "loss",
+            ViolationKind::Rtt => "rtt",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Violation {
+    pub kind: ViolationKind,
+    pub summary: PathSummary,
+    pub detected_unix_ns: u64,
+}
+
+/// What one batch did.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct IngestReport {
+    pub ingested: u32,
+    /// Newly detected violations (a re-sent window does not count twice).
+    pub violations: Vec<Violation>,
+}
+
+#[derive(Debug)]
+struct Window {
+    summary: PathSummary,
+    loss: bool,
+    rtt: bool,
+}
+
+#[derive(Debug, Default)]
+struct PathState {
+    /// Sorted by window_start_unix_ns, oldest first.
+    windows: VecDeque<Window>,
+}
+
+#[derive(Debug, Default)]
+pub struct Analyzer {
+    params: AnalyzerParams,
+    gid_ids: HashMap<Box<str>, u32>,
+    paths: HashMap<(u32, u32), PathState>,
+    violations: VecDeque<Violation>,
+    summaries_total: u64,
+}
+
+/// Filters for [`Analyzer::paths`]; empty strings match everything. GIDs must already
+/// be normalized.
+#[derive(Debug, Default, Clone)]
+pub struct PathFilter<'a> {
+    pub source_tor_id: &'a str,
+    pub target_tor_id: &'a str,
+    pub source_gid: &'a str,
+    pub target_gid: &'a str,
+}
+
+impl PathFilter<'_> {
+    fn matches(&self, s: &PathSummary) -> bool {
+        (self.source_tor_id.is_empty() || s.source_tor_id == self.source_tor_id)
+            && (self.target_tor_id.is_empty() || s.target_tor_id == self.target_tor_id)
+            && (self.source_gid.is_empty() || s.source_gid == self.source_gid)
+            && (self.target_gid.is_empty() || s.target_gid == self.target_gid)
+    }
+}
+
+impl Analyzer {
+    pub fn new(params: AnalyzerParams) -> Self {
+        Self {
+            params,
+            ..Default::default()
+        }
+    }
+
+    pub fn params(&self) -> &AnalyzerParams {
+        &self.params
+    }
+
+    fn intern(&mut self, gid: &str) -> u32 {
+        if let Some(&id) = self.gid_ids.get(gid) {
+            return id;
+        }
+        let id = self.gid_ids.len() as u32;
+        self.gid_ids.insert(gid.into(), id);
+        id
+    }
+
+    /// Loss and RTT verdicts of one window.
+    pub fn check(&self, s: &PathSummary) -> (bool, bool) {
+        let loss = s.probe_total > 0
+            && (s.probe_failed as f64 / s.probe_total as f64) > self.params.sla_loss_ratio;
+        let rtt = self.params.sla_network_rtt_p99_ns > 0
+            && s.probe_success > 0
+            && s.network_rtt_p99_ns > self.params.sla_network_rtt_p99_ns;
+        (loss, rtt)
+    }
+
+    /// Ingests a batch (GIDs already validated/normalized by the caller). A window with
+    /// the start of a retained one replaces it; at most `window_retention` windows are
+    /// kept per path.
+    pub fn ingest(&mut self, batch: Vec<PathSummary>, now_unix_ns: u64) -> IngestReport {
+        let mut report = IngestReport::default();
+        let retention = self.params.window_retention.max(1);
+        for s in batch {
+            report.ingested += 1;
+            let (loss, rtt) = self.check(&s);
+            let key = (self.intern(&s.source_gid), self.intern(&s.target_gid));
+            let path = self.paths.entry(key).or_default();
+            let start = s.window_start_unix_ns;
+            // Newest-first scan: windows nearly always arrive in order.
+            let pos = path
+                .windows
+                .iter()
+                .rposition(|w| w.summary.window_start_unix_ns <= start);
+            let (was_loss, was_rtt, kept) = match pos {
+                Some(i) if path.windows[i].summary.window_start_unix_ns == start => {
+                    let w = &mut path.windows[i];
+                    let prev = (w.loss, w.rtt);
+                    w.loss = loss;
+                    w.rtt = rtt;
+                    (prev.0, prev.1, Some(i))
+                }
+                other => {
+                    let at = other.map_or(0, |i| i + 1);
+                    if at == 0 && path.windows.len() >= retention {
+                        // Older than everything retained and no room: not kept.
+                        (false, false, None)
+                    } else {
+                        path.windows.insert(
+                            at,
+                            Window {
+                                summary: PathSummary::default(),
+                                loss,
+                                rtt,
+                            },
+                        );
+                        let mut at = at;
+                        while path.windows.len() > retention {
+                            path.windows.pop_front();
+                            at -= 1;
+                        }
+                        (false, false, Some(at))
+                    }
+                }
+            };
+            let new_loss = loss && !was_loss;
+            let new_rtt = rtt && !was_rtt;
+            if new_loss || new_rtt {
+                for (flag, kind) in [
+                    (new_loss, ViolationKind::Loss),
+                    (new_rtt, ViolationKind::Rtt),
+                ] {
+                    if flag {
+                        let v = Violation {
+                            kind,
+                            summary: s.clone(),
+                            detected_unix_ns: now_unix_ns,
+                        };
+                        report.violations.push(v.clone());
+                        self.violations.push_back(v);
+                    }
+                }
+                while self.violations.len() > self.params.violation_log_capacity {
+                    self.violations.pop_front();
+                }
+            }
+            if let Some(i) = kept {
+                path.windows[i].summary = s;
+            }
+        }
+        self.summaries_total += report.ingested as u64;
+        report
+    }
+
+    pub fn summaries_total(&self) -> u64 {
+        self.summaries_total
+    }
+
+    pub fn path_count(&self) -> usize {
+        self.paths.len()
+    }
+
+    /// Latest window of every matching path (or every retained window when
+    /// `all_windows`), ordered by (source GID, target GID, window start).
+    pub fn paths(&self, f: &PathFilter<'_>, all_windows: bool) -> Vec<PathSummary> {
+        let mut out = Vec::new();
+        for p in self.paths.values() {
+            if all_windows {
+                out.extend(
+                    p.windows
+                        .iter()
+                        .map(|w| &w.summary)
+                        .filter(|s| f.matches(s))
+                        .cloned(),
+                );
+            } else if let Some(w) = p.windows.back() {
+                if f.matches(&w.summary) {
+                    out.push(w.summary.clone());
+                }
+            }
+        }
+        out.sort_by(|a, b| {
+            (&a.source_gid, &a.target_gid, a.window_start_unix_ns).cmp(&(
+                &b.source_gid,
+                &b.target_gid,
+                b.window_start_unix_ns,
+            ))
+        });
+        out
+    }
+
+    /// Per (source ToR, target ToR) aggregation over the latest window of each path:
+    /// counts summed, loss = failed/total, quantiles = max over paths.
+    pub fn tor_pairs(&self) -> Vec<TorPairStats> {
+        let mut pairs: BTreeMap<(&str, &str), TorPairStats> = BTreeMap::new();
+        for p in self.paths.values() {
+            let Some(w) = p.windows.back() else { continue };
+            let s = &w.summary;
+            let e = pairs
+                .entry((s.source_tor_id.as_str(), s.target_tor_id.as_str()))
+                .or_insert_with(|| TorPairStats {
+                    source_tor_id: s.source_tor_id.clone(),
+                    target_tor_id: s.target_tor_id.clone(),
+                    ..Default::default()
+                });
+            e.paths += 1;
+            e.probe_total += s.probe_total as u64;
+            e.probe_success += s.probe_success as u64;
+            e.probe_failed += s.probe_failed as u64;
+            e.invalid_rtt_count += s.invalid_rtt_count as u64;
+            e.network_rtt_p50_ns = e.network_rtt_p50_ns.max(s.network_rtt_p50_ns);
+            e.network_rtt_p99_ns = e.network_rtt_p99_ns.max(s.network_rtt_p99_ns);
+            e.prober_delay_p50_ns = e.prober_delay_p50_ns.max(s.prober_delay_p50_ns);
+            e.responder_delay_p50_ns = e.responder_delay_p50_ns.max(s.responder_delay_p50_ns);
+        }
+        pairs
+            .into_values()
+            .map(|mut e| {
+                e.loss_ratio = if e.probe_total > 0 {
+                    e.probe_failed as f64 / e.probe_total as f64
+                } else {
+                    0.0
+                };
+                e
+            })
+            .collect()
+    }
+
+    /// Most recent violations first; `limit` 0 = everything retained.
+    pub fn violations(&self, limit: usize) -> Vec<Violation> {
+        let n = if limit == 0 {
+            self.violations.len()
+        } else {
+            limit.min(self.violations.len())
+        };
+        self.violations.iter().rev().take(n).cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(src: &str, dst: &str, start: u64, total: u32, failed: u32, p99: u64) -> PathSummary {
+        PathSummary {
+            source_gid: src.into(),
+            source_tor_id: format!("tor-{}", &src[..1]),
+            target_gid: dst.into(),
+            target_tor_id: format!("tor-{}", &dst[..1]),
+            target_qpn: 1,
+            window_start_unix_ns: start,
+            window_duration_ms: 10_000,
+            probe_total: total,
+            probe_success: total - failed,
+            probe_failed: failed,
+            network_rtt_p50_ns: p99 / 2,
+            network_rtt_p99_ns: p99,
+            ..Default::default()
+        }
+    }
+
+    fn analyzer(retention: usize) -> Analyzer {
+        Analyzer::new(AnalyzerParams {
+            window_retention: retention,
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn loss_and_rtt_violations() {
+        let mut a = analyzer(20);
+        let r = a.ingest(
+            vec![
+                s("a1", "b1", 0, 100, 2, 1000),    // 2% == threshold: not a violation
+                s("a1", "b2", 0, 100, 3, 1000),    // 3% loss
+                s("a1", "b3", 0, 100, 0, 600_000), // p99 over 500 us
+                s("a1", "b4", 0, 100, 100, 900_000), // all lost: loss only, p99 meaningless
+                s("a1", "b5", 0, 0, 0, 0),         // no probes: nothing
+            ],
+            7,
+        );
+        assert_eq!(r.ingested, 5);
+        let kinds: Vec<_> = r
+            .violations
+            .iter()
+            .map(|v| (v.summary.target_gid.as_str(), v.kind))
+            .collect();
+        assert_eq!(
+            kinds,
+            vec![
+                ("b2", ViolationKind::Loss),
+                ("b3", ViolationKind::Rtt),
+                ("b4", ViolationKind::Loss)
+            ]
+        );
+        assert_eq!(a.violations(0).len(), 3);
+        assert_eq!(a.violations(1)[0].summary.target_gid, "b4", "newest first");
+        assert_eq!(a.violations(1)[0].detected_unix_ns, 7);
+        assert_eq!(a.summaries_total(), 5);
+    }
+
+    #[test]
+    fn rtt_check_disabled_by_zero() {
+        let mut a = Analyzer::new(AnalyzerParams {
+            sla_network_rtt_p99_ns: 0,
+            ..Default::default()
+        });
+        assert!(a
+            .ingest(vec![s("a1", "b1", 0, 10, 0, u64::MAX)], 0)
+            .violations
+            .is_empty());
+    }
+
+    #[test]
+    fn resent_window_is_idempotent() {
+        let mut a = analyzer(20);
+        let w = s("a1", "b1", 100, 100, 50, 0);
+        assert_eq!(a.ingest(vec![w.clone()], 0).violations.len(), 1);
+        assert_eq!(
+            a.ingest(vec![w.clone()], 0).violations.len(),
+            0,
+            "same window re-sent"
+        );
+        assert_eq!(a.paths(&PathFilter::default(), true).len(), 1);
+        // A corrected re-send replaces the content.
+        let fixed = s("a1", "b1", 100, 100, 0, 0);
+        a.ingest(vec![fixed.clone()], 0);
+        assert_eq!(a.paths(&PathFilter::default(), true), vec![fixed]);
+        assert_eq!(a.violations(0).len(), 1);
+    }
+
+    #[test]
+    fn retention_keeps_newest_windows_in_order() {
+        let mut a = analyzer(3);
+        for start in [1u64, 2, 3, 4, 5] {
+            a.ingest(vec![s("a1", "b1", start, 10, 0, 0)], 0);
+        }
+        // Late window inside the range is inserted in order; one older than all is dropped.
+        a.ingest(vec![s("a1", "b1", 0, 10, 0, 0)], 0);
+        let starts: Vec<_> = a
+            .paths(&PathFilter::default(), true)
+            .iter()
+            .map(|s| s.window_start_unix_ns)
+            .collect();
+        assert_eq!(starts, vec![3, 4, 5]);
+        a.ingest(vec![s("a1", "b1", 4, 10, 1, 0)], 0);
+        let latest = a.paths(&PathFilter::default(), false);
+        assert_eq!(latest.len(), 1);
+        assert_eq!(latest[0].window_start_unix_ns, 5);
+        a.ingest(
+            vec![s("a1", "b1", 9, 10, 0, 0), s("a1", "b1", 7, 10, 0, 0)],
+            0,
+        );
+        let starts: Vec<_> = a
+            .paths(&PathFilter::default(), true)
+            .iter()
+            .map(|s| s.window_start_unix_ns)
+            .collect();
+        assert_eq!(starts, vec![5, 7, 9]);
+    }
+
+    #[test]
+    fn filters() {
+        let mut a = analyzer(5);
+        a.ingest(
+            vec![
+                s("a1", "b1", 1, 10, 0, 0),
+                s("a1", "c1", 1, 10, 0, 0),
+                s("b2", "a2", 1, 10, 0, 0),
+            ],
+            0,
+        );
+        let f = PathFilter {
+            source_tor_id: "tor-a",
+            ..Default::default()
+        };
+        assert_eq!(a.paths(&f, false).len(), 2);
+        let f = PathFilter {
+            target_tor_id: "tor-c",
+            ..Default::default()
+        };
+        assert_eq!(a.paths(&f, false)[0].target_gid, "c1");
+        let f = PathFilter {
+            source_gid: "b2",
+            target_gid: "a2",
+            ..Default::default()
+        };
+        assert_eq!(a.paths(&f, false).len(), 1);
+        let f = PathFilter {
+            source_gid: "zz",
+            ..Default::default()
+        };
+        assert!(a.paths(&f, false).is_empty());
+    }
+
+    #[test]
+    fn tor_pair_aggregation_uses_latest_window() {
+        let mut a = analyzer(5);
+        let mut x = s("a1", "b1", 1, 100, 50, 9_000);
+        x.prober_delay_p50_ns = 999;
+        a.ingest(vec![x], 0); // superseded below
+        let mut y = s("a1", "b1", 2, 100, 10, 4_000);
+        y.prober_delay_p50_ns = 7;
+        y.responder_delay_p50_ns = 3;
+        y.invalid_rtt_count = 2;
+        let mut z = s("a2", "b2", 2, 300, 0, 6_000);
+        z.prober_delay_p50_ns = 5;
+        z.responder_delay_p50_ns = 8;
+        a.ingest(vec![y, z, s("b1", "a1", 2, 10, 0, 100)], 0);
+        let pairs = a.tor_pairs();
+        assert_eq!(pairs.len(), 2);
+        let ab = &pairs[0];
+        assert_eq!(
+            (ab.source_tor_id.as_str(), ab.target_tor_id.as_str()),
+            ("tor-a", "tor-b")
+        );
+        assert_eq!(ab.paths, 2);
+        assert_eq!(ab.probe_total, 400);
+        assert_eq!(ab.probe_failed, 10);
+        assert_eq!(ab.probe_success, 390);
+        assert!((ab.loss_ratio - 0.025).abs() < 1e-12);
+        assert_eq!(ab.network_rtt_p99_ns, 6_000);
+        assert_eq!(ab.network_rtt_p50_ns, 3_000);
+        assert_eq!(ab.prober_delay_p50_ns, 7);
+        assert_eq!(ab.responder_delay_p50_ns, 8);
+        assert_eq!(ab.invalid_rtt_count, 2);
+        assert_eq!(pairs[1].source_tor_id, "tor-b");
+        assert_eq!(pairs[1].loss_ratio, 0.0);
+    }
+
+    #[test]
+    fn violation_log_is_bounded() {
+        let mut a = Analyzer::new(AnalyzerParams {
+            violation_log_capacity: 10,
+            ..Default::default()
+        });
+        let batch: Vec<_> = (0..50).map(|i| s("a1", "b1", i, 10, 10, 0)).collect();
+        assert_eq!(a.ingest(batch, 0).violations.len(), 50);
+        let v = a.violations(0);
+        assert_eq!(v.len(), 10);
+        assert_eq!(v[0].summary.window_start_unix_ns, 49);
+    }
+}

@@ -1,0 +1,370 @@
+//! controller-bench: controller performance, one JSON object per line on stdout.
+//!
+//! - get_pinglist: GetPinglist p50/p99 over real gRPC on 127.0.0.1 (in-memory SQLite),
+//!   10,000 RNICs / 1,000 ToRs and 100,000 RNICs / 10,000 ToRs, both pinglist types,
+//!   against a trivial unary RPC (ListViolations limit 0) measured interleaved in the
+//!   same run. The registry is filled through the registry API directly (same code
+//!   path as RegisterAgent minus gRPC) to keep the fill fast.
+//! - register_agent: sequential RegisterAgent RPCs/s, one agent with one RNIC per call.
+//! - analyzer_ingest: PathSummary ingest rate on one thread vs. moving the same
+//!   summaries into a Vec.
+//!
+//! `--quick` runs a smaller version (CI smoke). Run in release: `cargo xtask bench`.
+
+use std::time::{Duration, Instant};
+
+use rpingmesh_controller::analyzer::{Analyzer, AnalyzerParams};
+use rpingmesh_controller::registry::{AgentRecord, RnicRecord};
+use rpingmesh_controller::telemetry::AnalyzerMetrics;
+use rpingmesh_controller::{start, ControllerConfig, ServerHandle};
+use rpingmesh_proto::controller_agent::controller_service_client::ControllerServiceClient;
+use rpingmesh_proto::controller_agent::{
+    AgentRegistrationRequest, PathSummary, PinglistRequest, PinglistType, RnicInfo,
+};
+use rpingmesh_proto::gid::format_gid;
+use rpingmesh_proto::operator::operator_service_client::OperatorServiceClient;
+use rpingmesh_proto::operator::ListViolationsRequest;
+use serde_json::json;
+
+/// Small deterministic PRNG for choosing requesters (no shared RNG state to contend).
+struct XorShift(u64);
+impl XorShift {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+fn gid_of(n: u64) -> String {
+    let a = std::net::Ipv6Addr::new(
+        0xfd00,
+        0,
+        0,
+        0,
+        0,
+        (n >> 32) as u16,
+        (n >> 16) as u16,
+        n as u16,
+    );
+    format_gid(&a)
+}
+
+fn percentile(sorted: &[u64], q: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * q).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn emit(v: serde_json::Value) {
+    println!("{v}");
+}
+
+fn bench_config() -> ControllerConfig {
+    ControllerConfig {
+        listen_addr: "127.0.0.1:0".into(),
+        database_uri: "sqlite::memory:".into(),
+        metrics_enabled: false,
+        log_level: "error".into(),
+        ..Default::default()
+    }
+}
+
+async fn server() -> ServerHandle {
+    start(&bench_config(), AnalyzerMetrics::noop())
+        .await
+        .expect("start controller")
+}
+
+async fn bench_pinglist(rnics: u64, tors: u64, samples: usize) {
+    let srv = server().await;
+    let per_tor = rnics / tors;
+    let now = srv.state.now_sec();
+    let fill_start = Instant::now();
+    for n in 0..rnics {
+        let tor = format!("tor-{}", n / per_tor);
+        let agent = AgentRecord {
+            agent_id: format!("agent-{n}"),
+            agent_ip: "127.0.0.1".into(),
+            hostname: format!("host-{n}"),
+            tor_id: tor.clone(),
+            last_updated: 0,
+        };
+        let r = RnicRecord {
+            gid: gid_of(n),
+            qpn: 1000,
+            ip_address: "127.0.0.1".into(),
+            host_name: format!("host-{n}"),
+            tor_id: tor,
+            device_name: "mlx5_0".into(),
+            agent_id: agent.agent_id.clone(),
+            last_updated: 0,
+        };
+        srv.state
+            .registry
+            .register_agent(&agent, &[r], now)
+            .expect("fill");
+    }
+    let fill = fill_start.elapsed();
+    let url = format!("http://{}", srv.local_addr);
+    let mut ctl = ControllerServiceClient::connect(url.clone())
+        .await
+        .expect("connect");
+    let mut op = OperatorServiceClient::connect(url).await.expect("connect");
+    let mut rng = XorShift(0x9E37_79B9_7F4A_7C15);
+    let req = |n: u64, ty: PinglistType| PinglistRequest {
+        agent_id: format!("agent-{n}"),
+        tor_id: format!("tor-{}", n / per_tor),
+        requester_gid: gid_of(n),
+        r#type: ty as i32,
+    };
+    // Warm-up: connection, allocator, caches.
+    for _ in 0..200 {
+        let n = rng.below(rnics);
+        ctl.get_pinglist(req(n, PinglistType::TorMesh))
+            .await
+            .expect("pinglist");
+        op.list_violations(ListViolationsRequest { limit: 0 })
+            .await
+            .expect("baseline");
+    }
+    let mut base = Vec::with_capacity(samples);
+    let mut mesh = Vec::with_capacity(samples);
+    let mut inter = Vec::with_capacity(samples);
+    let (mut mesh_targets, mut inter_targets) = (0usize, 0usize);
+    // Interleaved so drift affects all three series equally.
+    for _ in 0..samples {
+        let t = Instant::now();
+        op.list_violations(ListViolationsRequest { limit: 0 })
+            .await
+            .expect("baseline");
+        base.push(t.elapsed().as_nanos() as u64);
+        let n = rng.below(rnics);
+        let t = Instant::now();
+        let r = ctl
+            .get_pinglist(req(n, PinglistType::TorMesh))
+            .await
+            .expect("pinglist");
+        mesh.push(t.elapsed().as_nanos() as u64);
+        mesh_targets += r.into_inner().targets.len();
+        let n = rng.below(rnics);
+        let t = Instant::now();
+        let r = ctl
+            .get_pinglist(req(n, PinglistType::InterTor))
+            .await
+            .expect("pinglist");
+        inter.push(t.elapsed().as_nanos() as u64);
+        inter_targets += r.into_inner().targets.len();
+    }
+    base.sort_unstable();
+    mesh.sort_unstable();
+    inter.sort_unstable();
+    let (b50, b99) = (percentile(&base, 0.5), percentile(&base, 0.99));
+    for (ty, lat, targets) in [
+        ("tor_mesh", &mesh, mesh_targets),
+        ("inter_tor", &inter, inter_targets),
+    ] {
+        let (p50, p99) = (percentile(lat, 0.5), percentile(lat, 0.99));
+        emit(json!({
+            "bench": "get_pinglist",
+            "pinglist_type": ty,
+            "rnics": rnics,
+            "tors": tors,
+            "samples": samples,
+            "avg_targets": targets as f64 / samples as f64,
+            "p50_ns": p50,
+            "p99_ns": p99,
+            "baseline": "ListViolations(limit=0) on the same server",
+            "baseline_p50_ns": b50,
+            "baseline_p99_ns": b99,
+            "ratio_p50": p50 as f64 / b50.max(1) as f64,
+            "ratio_p99": p99 as f64 / b99.max(1) as f64,
+            "fill": "registry API (not RPC)",
+            "fill_ms": fill.as_millis() as u64,
+        }));
+    }
+    srv.shutdown().await.expect("shutdown");
+}
+
+async fn bench_register(max_calls: u64, budget: Duration) {
+    let srv = server().await;
+    let url = format!("http://{}", srv.local_addr);
+    let mut ctl = ControllerServiceClient::connect(url.clone())
+        .await
+        .expect("connect");
+    let mut op = OperatorServiceClient::connect(url).await.expect("connect");
+    let reg = |n: u64| AgentRegistrationRequest {
+        agent_id: format!("agent-{n}"),
+        agent_ip: "127.0.0.1".into(),
+        hostname: format!("host-{n}"),
+        tor_id: format!("tor-{}", n / 10),
+        rnics: vec![RnicInfo {
+            gid: gid_of(n),
+            qpn: 1000,
+            ip_address: "127.0.0.1".into(),
+            host_name: String::new(),
+            tor_id: String::new(),
+            device_name: "mlx5_0".into(),
+        }],
+    };
+    for n in 0..100 {
+        ctl.register_agent(reg(1_000_000 + n))
+            .await
+            .expect("warm-up");
+    }
+    let start = Instant::now();
+    let mut calls = 0u64;
+    while calls < max_calls && start.elapsed() < budget {
+        ctl.register_agent(reg(calls)).await.expect("register");
+        calls += 1;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    // Trivial RPC rate on the same connection type, for scale.
+    let tstart = Instant::now();
+    let mut trivial = 0u64;
+    while trivial < calls && tstart.elapsed() < budget / 4 {
+        op.list_violations(ListViolationsRequest { limit: 0 })
+            .await
+            .expect("baseline");
+        trivial += 1;
+    }
+    let tsecs = tstart.elapsed().as_secs_f64();
+    emit(json!({
+        "bench": "register_agent",
+        "calls": calls,
+        "seconds": secs,
+        "per_sec": calls as f64 / secs,
+        "rnics_per_call": 1,
+        "client": "sequential",
+        "baseline": "ListViolations(limit=0) sequential",
+        "baseline_per_sec": trivial as f64 / tsecs,
+        "ratio": (calls as f64 / secs) / (trivial as f64 / tsecs),
+    }));
+    srv.shutdown().await.expect("shutdown");
+}
+
+/// Summaries for `paths` paths x `windows` windows, in arrival order (window-major).
+fn summaries(paths: u64, windows: u64) -> Vec<PathSummary> {
+    let mut out = Vec::with_capacity((paths * windows) as usize);
+    for w in 0..windows {
+        for p in 0..paths {
+            let src = p / 16;
+            let dst = 100_000 + p;
+            out.push(PathSummary {
+                source_gid: gid_of(src),
+                source_tor_id: format!("tor-{}", src / 10),
+                target_gid: gid_of(dst),
+                target_tor_id: format!("tor-{}", dst / 10),
+                target_qpn: 1000,
+                window_start_unix_ns: 1_700_000_000_000_000_000 + w * 10_000_000_000,
+                window_duration_ms: 10_000,
+                probe_total: 100,
+                probe_success: 100 - (p % 4) as u32,
+                probe_failed: (p % 4) as u32,
+                network_rtt_min_ns: 2_000,
+                network_rtt_max_ns: 50_000,
+                network_rtt_p50_ns: 5_000,
+                network_rtt_p99_ns: if p % 97 == 0 { 900_000 } else { 20_000 },
+                invalid_rtt_count: 0,
+                prober_delay_p50_ns: 1_000,
+                prober_delay_p99_ns: 3_000,
+                responder_delay_p50_ns: 800,
+                responder_delay_p99_ns: 2_000,
+            });
+        }
+    }
+    out
+}
+
+fn batches(all: Vec<PathSummary>) -> Vec<Vec<PathSummary>> {
+    let mut it = all.into_iter();
+    let mut out = Vec::new();
+    loop {
+        let b: Vec<PathSummary> = it.by_ref().take(256).collect();
+        if b.is_empty() {
+            return out;
+        }
+        out.push(b);
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn bench_ingest(paths: u64, windows: u64, reps: usize) {
+    let total = paths * windows;
+    let mut rates = Vec::new();
+    let mut base_rates = Vec::new();
+    let mut violations = 0usize;
+    for _ in 0..reps {
+        let input = batches(summaries(paths, windows));
+        let mut a = Analyzer::new(AnalyzerParams::default());
+        let t = Instant::now();
+        for b in input {
+            violations += a.ingest(b, 0).violations.len();
+        }
+        rates.push(total as f64 / t.elapsed().as_secs_f64());
+        drop(a);
+
+        let input = batches(summaries(paths, windows));
+        let mut sink: Vec<PathSummary> = Vec::new();
+        let t = Instant::now();
+        for b in input {
+            sink.extend(b);
+        }
+        base_rates.push(total as f64 / t.elapsed().as_secs_f64());
+        std::hint::black_box(&sink);
+    }
+    let (r, b) = (median(rates), median(base_rates));
+    emit(json!({
+        "bench": "analyzer_ingest",
+        "summaries": total,
+        "paths": paths,
+        "windows_per_path": windows,
+        "batch": 256,
+        "reps": reps,
+        "violations_per_rep": violations / reps,
+        "per_sec": r,
+        "baseline": "Vec::extend with the same batches",
+        "baseline_per_sec": b,
+        "ratio": r / b,
+        "threads": 1,
+    }));
+}
+
+fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
+    if let Some(bad) = std::env::args().skip(1).find(|a| a != "--quick") {
+        eprintln!("controller-bench: unknown argument {bad:?} (only --quick)");
+        std::process::exit(2);
+    }
+    // The analyzer bench is single-threaded by design; run it before the runtime exists.
+    if quick {
+        bench_ingest(1_000, 10, 3);
+    } else {
+        bench_ingest(5_000, 40, 3);
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    rt.block_on(async {
+        if quick {
+            bench_pinglist(1_000, 100, 300).await;
+            bench_register(1_000, Duration::from_secs(2)).await;
+        } else {
+            bench_pinglist(10_000, 1_000, 3_000).await;
+            bench_pinglist(100_000, 10_000, 3_000).await;
+            bench_register(20_000, Duration::from_secs(5)).await;
+        }
+    });
+}

@@ -1,0 +1,796 @@
+//! Controller configuration: the Go version's keys and defaults plus our own
+//! (`metrics_enabled`, `metrics_export_interval_ms`, `pinglist_seed`).
+//!
+//! Layering, lowest to highest: built-in defaults < YAML file (`--config`) <
+//! `RPINGMESH_*` environment < command-line flags. Every error is one line naming the key.
+
+use std::collections::BTreeMap;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+
+use clap::Parser;
+use figment::providers::Format;
+use figment::value::{Dict, Map, Value};
+use figment::{Figment, Metadata, Profile, Provider};
+use serde::{Deserialize, Serialize};
+
+/// Environment variable prefix shared with the Go version.
+pub const ENV_PREFIX: &str = "RPINGMESH_";
+
+/// Every key the controller accepts (YAML, env, flags).
+pub const KEYS: &[&str] = &[
+    "listen_addr",
+    "database_uri",
+    "active_threshold_sec",
+    "stale_threshold_sec",
+    "inter_tor_sample_size",
+    "ecmp_paths_assumed",
+    "ecmp_coverage_probability",
+    "ecmp_max_flow_labels",
+    "analyzer_enabled",
+    "analyzer_sla_loss_ratio",
+    "analyzer_sla_network_rtt_p99_ns",
+    "analyzer_window_retention",
+    "otel_collector_addr",
+    "log_level",
+    "tls_mode",
+    "tls_cert_file",
+    "tls_key_file",
+    "tls_ca_file",
+    "tls_server_name",
+    "metrics_enabled",
+    "metrics_export_interval_ms",
+    "pinglist_seed",
+];
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ControllerConfig {
+    pub listen_addr: String,
+    pub database_uri: String,
+    pub active_threshold_sec: u64,
+    pub stale_threshold_sec: u64,
+    pub inter_tor_sample_size: u32,
+    pub ecmp_paths_assumed: u32,
+    pub ecmp_coverage_probability: f64,
+    pub ecmp_max_flow_labels: u32,
+    pub analyzer_enabled: bool,
+    pub analyzer_sla_loss_ratio: f64,
+    pub analyzer_sla_network_rtt_p99_ns: u64,
+    pub analyzer_window_retention: u32,
+    pub otel_collector_addr: String,
+    pub log_level: String,
+    pub tls_mode: String,
+    pub tls_cert_file: String,
+    pub tls_key_file: String,
+    pub tls_ca_file: String,
+    /// Present for key symmetry with the agent; unused by the server role.
+    pub tls_server_name: String,
+    pub metrics_enabled: bool,
+    pub metrics_export_interval_ms: u64,
+    /// Fixed seed for pinglist randomness (tests); `None` = fresh randomness per request.
+    pub pinglist_seed: Option<u64>,
+}
+
+impl Default for ControllerConfig {
+    fn default() -> Self {
+        Self {
+            listen_addr: ":50051".into(),
+            database_uri: "sqlite:rpingmesh-controller.db".into(),
+            active_threshold_sec: 300,
+            stale_threshold_sec: 900,
+            inter_tor_sample_size: 5,
+            ecmp_paths_assumed: 16,
+            ecmp_coverage_probability: 0.9,
+            ecmp_max_flow_labels: 64,
+            analyzer_enabled: true,
+            analyzer_sla_loss_ratio: 0.02,
+            analyzer_sla_network_rtt_p99_ns: 500_000,
+            analyzer_window_retention: 20,
+            otel_collector_addr: "localhost:4317".into(),
+            log_level: "info".into(),
+            tls_mode: "disabled".into(),
+            tls_cert_file: String::new(),
+            tls_key_file: String::new(),
+            tls_ca_file: String::new(),
+            tls_server_name: String::new(),
+            metrics_enabled: true,
+            metrics_export_interval_ms: 10_000,
+            pinglist_seed: None,
+        }
+    }
+}
+
+/// Which registry store `database_uri` selects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DatabaseUri {
+    SqliteMemory,
+    SqliteFile(PathBuf),
+    Etcd(String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsMode {
+    Disabled,
+    Tls,
+    Mtls,
+}
+
+/// One-line configuration error.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("invalid config key `{key}`: {msg}")]
+    Invalid { key: &'static str, msg: String },
+    #[error("{0}")]
+    Load(String),
+}
+
+fn invalid(key: &'static str, msg: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key,
+        msg: msg.into(),
+    }
+}
+
+/// Command-line flags: one per key (kebab-case) plus `--config`.
+#[derive(Debug, Clone, Default, Parser, Serialize)]
+#[command(
+    name = "rpingmesh-controller",
+    version,
+    about = "R-Pingmesh controller"
+)]
+pub struct CliArgs {
+    /// YAML config file (keys as in configs/controller.yaml).
+    #[arg(long)]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+    /// gRPC listen address (":port" means all interfaces).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen_addr: Option<String>,
+    /// Registry store: sqlite:<path>, sqlite::memory:, etcd://host:port.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub database_uri: Option<String>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub active_threshold_sec: Option<u64>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stale_threshold_sec: Option<u64>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub inter_tor_sample_size: Option<u32>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ecmp_paths_assumed: Option<u32>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ecmp_coverage_probability: Option<f64>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ecmp_max_flow_labels: Option<u32>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub analyzer_enabled: Option<bool>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub analyzer_sla_loss_ratio: Option<f64>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub analyzer_sla_network_rtt_p99_ns: Option<u64>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub analyzer_window_retention: Option<u32>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub otel_collector_addr: Option<String>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub log_level: Option<String>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_mode: Option<String>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_cert_file: Option<String>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_key_file: Option<String>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_ca_file: Option<String>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_server_name: Option<String>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metrics_enabled: Option<bool>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metrics_export_interval_ms: Option<u64>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pinglist_seed: Option<u64>,
+}
+
+/// A figment provider over an already-built dictionary, with a readable source name
+/// for error messages.
+struct NamedDict {
+    name: &'static str,
+    dict: Dict,
+}
+
+impl Provider for NamedDict {
+    fn metadata(&self) -> Metadata {
+        Metadata::named(self.name)
+    }
+    fn data(&self) -> Result<Map<Profile, Dict>, figment::Error> {
+        Ok(Profile::Default.collect(self.dict.clone()))
+    }
+}
+
+/// Picks `RPINGMESH_<KEY>` variables for known keys only: agent variables such as
+/// `RPINGMESH_TOR_ID` may share the environment and must not trip `deny_unknown_fields`.
+fn env_dict(env: impl IntoIterator<Item = (String, String)>) -> Dict {
+    let mut dict = Dict::new();
+    for (k, v) in env {
+        let Some(rest) = k.strip_prefix(ENV_PREFIX) else {
+            continue;
+        };
+        let key = rest.to_ascii_lowercase();
+        if KEYS.contains(&key.as_str()) {
+            // Same typed parsing as figment's Env provider ("300" -> number, "true" -> bool).
+            let value: Value = v.parse().expect("figment Value parsing is infallible");
+            dict.insert(key, value);
+        }
+    }
+    dict
+}
+
+fn describe(err: &figment::Error) -> String {
+    let source = match &err.metadata {
+        Some(md) => match &md.source {
+            Some(src) => format!("{} {}", src, md.name),
+            None => md.name.to_string(),
+        },
+        None => "configuration".to_string(),
+    };
+    match &err.kind {
+        figment::error::Kind::UnknownField(name, _) => {
+            format!("unknown config key `{name}` (in {source})")
+        }
+        kind => {
+            let path = err.path.join(".");
+            if path.is_empty() {
+                format!("config error in {source}: {kind}")
+            } else {
+                format!("invalid config key `{path}` (in {source}): {kind}")
+            }
+        }
+    }
+}
+
+impl ControllerConfig {
+    /// Loads defaults < file < env < flags and validates. `env` is normally
+    /// `std::env::vars()`; tests pass their own pairs.
+    pub fn load(
+        cli: &CliArgs,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Self, ConfigError> {
+        let mut fig = Figment::from(figment::providers::Serialized::defaults(Self::default()));
+        if let Some(path) = &cli.config {
+            fig = fig.merge(yaml_file(path)?);
+        }
+        fig = fig.merge(NamedDict {
+            name: "environment (RPINGMESH_*)",
+            dict: env_dict(env),
+        });
+        let flags = match Value::serialize(cli) {
+            Ok(Value::Dict(_, d)) => d,
+            Ok(_) => Dict::new(),
+            Err(e) => return Err(ConfigError::Load(format!("command-line flags: {e}"))),
+        };
+        fig = fig.merge(NamedDict {
+            name: "command-line flags",
+            dict: flags,
+        });
+        let cfg: Self = fig.extract().map_err(|e| ConfigError::Load(describe(&e)))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Checks ranges and cross-key constraints; the first problem is returned.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.listen_socket_addr()?;
+        self.database()?;
+        if self.active_threshold_sec == 0 {
+            return Err(invalid("active_threshold_sec", "must be > 0"));
+        }
+        if self.stale_threshold_sec == 0 {
+            return Err(invalid("stale_threshold_sec", "must be > 0"));
+        }
+        if self.stale_threshold_sec < self.active_threshold_sec {
+            return Err(invalid(
+                "stale_threshold_sec",
+                format!(
+                    "must be >= active_threshold_sec ({}), got {}",
+                    self.active_threshold_sec, self.stale_threshold_sec
+                ),
+            ));
+        }
+        if self.inter_tor_sample_size == 0 {
+            return Err(invalid("inter_tor_sample_size", "must be >= 1"));
+        }
+        if self.ecmp_paths_assumed < 2 {
+            return Err(invalid(
+                "ecmp_paths_assumed",
+                format!("must be >= 2, got {}", self.ecmp_paths_assumed),
+            ));
+        }
+        let p = self.ecmp_coverage_probability;
+        if !(p > 0.0 && p < 1.0) {
+            return Err(invalid(
+                "ecmp_coverage_probability",
+                format!("must be in (0,1), got {p}"),
+            ));
+        }
+        if self.ecmp_max_flow_labels == 0 {
+            return Err(invalid("ecmp_max_flow_labels", "must be >= 1"));
+        }
+        let l = self.analyzer_sla_loss_ratio;
+        if !(0.0..=1.0).contains(&l) {
+            return Err(invalid(
+                "analyzer_sla_loss_ratio",
+                format!("must be in [0,1], got {l}"),
+            ));
+        }
+        if self.analyzer_window_retention == 0 {
+            return Err(invalid("analyzer_window_retention", "must be >= 1"));
+        }
+        if self.metrics_enabled {
+            if self.otel_collector_addr.trim().is_empty() {
+                return Err(invalid(
+                    "otel_collector_addr",
+                    "must not be empty when metrics_enabled",
+                ));
+            }
+            if self.metrics_export_interval_ms == 0 {
+                return Err(invalid("metrics_export_interval_ms", "must be > 0"));
+            }
+        }
+        match self.log_level.to_ascii_lowercase().as_str() {
+            "trace" | "debug" | "info" | "warn" | "error" => {}
+            other => {
+                return Err(invalid(
+                    "log_level",
+                    format!("must be one of trace, debug, info, warn, error; got {other:?}"),
+                ))
+            }
+        }
+        let mode = self.tls()?;
+        if mode != TlsMode::Disabled {
+            require_readable("tls_cert_file", &self.tls_cert_file, &self.tls_mode)?;
+            require_readable("tls_key_file", &self.tls_key_file, &self.tls_mode)?;
+        }
+        if mode == TlsMode::Mtls {
+            require_readable("tls_ca_file", &self.tls_ca_file, &self.tls_mode)?;
+        }
+        Ok(())
+    }
+
+    /// `listen_addr` as a socket address; ":port" means all IPv4 interfaces.
+    pub fn listen_socket_addr(&self) -> Result<SocketAddr, ConfigError> {
+        let raw = self.listen_addr.trim();
+        let text = if raw.starts_with(':') {
+            format!("0.0.0.0{raw}")
+        } else {
+            raw.to_string()
+        };
+        if let Ok(a) = text.parse::<SocketAddr>() {
+            return Ok(a);
+        }
+        match text.to_socket_addrs() {
+            Ok(mut it) => it
+                .next()
+                .ok_or_else(|| invalid("listen_addr", format!("{raw:?} resolves to no address"))),
+            Err(e) => Err(invalid(
+                "listen_addr",
+                format!("{raw:?} is not host:port or :port ({e})"),
+            )),
+        }
+    }
+
+    pub fn database(&self) -> Result<DatabaseUri, ConfigError> {
+        let uri = self.database_uri.trim();
+        if uri.starts_with("http://") || uri.starts_with("https://") {
+            return Err(ConfigError::Load(format!(
+                "database_uri {uri}: rqlite is not supported; use sqlite:<path> (embedded) or etcd://host:port"
+            )));
+        }
+        if uri == "sqlite::memory:" {
+            return Ok(DatabaseUri::SqliteMemory);
+        }
+        if let Some(path) = uri.strip_prefix("sqlite:") {
+            let path = path.strip_prefix("//").unwrap_or(path);
+            if path.is_empty() {
+                return Err(invalid(
+                    "database_uri",
+                    format!("{uri}: missing path after sqlite:"),
+                ));
+            }
+            return Ok(DatabaseUri::SqliteFile(PathBuf::from(path)));
+        }
+        if let Some(ep) = uri.strip_prefix("etcd://") {
+            if ep.is_empty() {
+                return Err(invalid("database_uri", format!("{uri}: missing host:port")));
+            }
+            return Ok(DatabaseUri::Etcd(ep.to_string()));
+        }
+        Err(invalid(
+            "database_uri",
+            format!("{uri:?}: expected sqlite:<path>, sqlite::memory: or etcd://host:port"),
+        ))
+    }
+
+    pub fn tls(&self) -> Result<TlsMode, ConfigError> {
+        match self.tls_mode.to_ascii_lowercase().as_str() {
+            "" | "disabled" => Ok(TlsMode::Disabled),
+            "tls" => Ok(TlsMode::Tls),
+            "mtls" => Ok(TlsMode::Mtls),
+            other => Err(invalid(
+                "tls_mode",
+                format!("must be disabled, tls or mtls; got {other:?}"),
+            )),
+        }
+    }
+
+    /// OTLP endpoint with a scheme (the Go config takes bare host:port).
+    pub fn otel_endpoint(&self) -> String {
+        let a = self.otel_collector_addr.trim();
+        if a.contains("://") {
+            a.to_string()
+        } else {
+            format!("http://{a}")
+        }
+    }
+}
+
+fn require_readable(key: &'static str, path: &str, mode: &str) -> Result<(), ConfigError> {
+    if path.trim().is_empty() {
+        return Err(invalid(key, format!("required when tls_mode={mode}")));
+    }
+    std::fs::File::open(path)
+        .map(|_| ())
+        .map_err(|e| invalid(key, format!("cannot read {path:?}: {e}")))
+}
+
+fn yaml_file(
+    path: &Path,
+) -> Result<figment::providers::Data<serde_saphyr::figment::Yaml>, ConfigError> {
+    // figment silently ignores a missing file; an explicit --config must exist.
+    std::fs::metadata(path)
+        .map_err(|e| ConfigError::Load(format!("config file {}: {e}", path.display())))?;
+    Ok(serde_saphyr::figment::Yaml::file_exact(path))
+}
+
+/// Defaults as `key: value` YAML lines, for documentation and tests.
+pub fn default_keys() -> BTreeMap<&'static str, String> {
+    let d = ControllerConfig::default();
+    let v = serde_json::to_value(&d).expect("config serializes");
+    KEYS.iter()
+        .map(|k| (*k, v.get(*k).map(|x| x.to_string()).unwrap_or_default()))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn yaml(text: &str) -> tempfile::NamedTempFile {
+        let mut f = tempfile::Builder::new().suffix(".yaml").tempfile().unwrap();
+        f.write_all(text.as_bytes()).unwrap();
+        f
+    }
+
+    #[test]
+    fn defaults_match_the_go_version() {
+        let c = ControllerConfig::load(&CliArgs::default(), env(&[])).unwrap();
+        assert_eq!(c, ControllerConfig::default());
+        assert_eq!(
+            c.listen_socket_addr().unwrap(),
+            "0.0.0.0:50051".parse().unwrap()
+        );
+        assert_eq!(c.active_threshold_sec, 300);
+        assert_eq!(c.stale_threshold_sec, 900);
+        assert_eq!(c.ecmp_max_flow_labels, 64);
+        assert_eq!(c.tls().unwrap(), TlsMode::Disabled);
+        assert_eq!(c.otel_endpoint(), "http://localhost:4317");
+        assert_eq!(default_keys().len(), KEYS.len());
+    }
+
+    #[test]
+    fn file_then_env_then_flag() {
+        let f = yaml("inter_tor_sample_size: 7\nactive_threshold_sec: 100\nlog_level: debug\n");
+        let mut cli = CliArgs {
+            config: Some(f.path().to_path_buf()),
+            ..Default::default()
+        };
+
+        let c = ControllerConfig::load(&cli, env(&[])).unwrap();
+        assert_eq!(c.inter_tor_sample_size, 7);
+        assert_eq!(c.active_threshold_sec, 100);
+        assert_eq!(c.log_level, "debug");
+
+        let e = env(&[
+            ("RPINGMESH_INTER_TOR_SAMPLE_SIZE", "8"),
+            ("RPINGMESH_ACTIVE_THRESHOLD_SEC", "200"),
+            // Agent keys in the same environment are ignored, not rejected.
+            ("RPINGMESH_TOR_ID", "tor-1"),
+            ("OTHER_INTER_TOR_SAMPLE_SIZE", "99"),
+        ]);
+        let c = ControllerConfig::load(&cli, e.clone()).unwrap();
+        assert_eq!(c.inter_tor_sample_size, 8);
+        assert_eq!(c.active_threshold_sec, 200);
+        assert_eq!(
+            c.log_level, "debug",
+            "file value kept when env does not set it"
+        );
+
+        cli.inter_tor_sample_size = Some(9);
+        cli.listen_addr = Some("127.0.0.1:0".into());
+        let c = ControllerConfig::load(&cli, e).unwrap();
+        assert_eq!(c.inter_tor_sample_size, 9);
+        assert_eq!(c.active_threshold_sec, 200);
+        assert_eq!(c.listen_socket_addr().unwrap().port(), 0);
+    }
+
+    #[test]
+    fn env_strings_and_options() {
+        let c = ControllerConfig::load(
+            &CliArgs::default(),
+            env(&[
+                ("RPINGMESH_DATABASE_URI", "sqlite::memory:"),
+                ("RPINGMESH_LISTEN_ADDR", ":9090"),
+                ("RPINGMESH_PINGLIST_SEED", "42"),
+                ("RPINGMESH_ANALYZER_ENABLED", "false"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.database().unwrap(), DatabaseUri::SqliteMemory);
+        assert_eq!(
+            c.listen_socket_addr().unwrap(),
+            "0.0.0.0:9090".parse().unwrap()
+        );
+        assert_eq!(c.pinglist_seed, Some(42));
+        assert!(!c.analyzer_enabled);
+    }
+
+    #[test]
+    fn unknown_yaml_key_is_named() {
+        let f = yaml("listen_addr: \":1\"\nbogus_key: 3\n");
+        let cli = CliArgs {
+            config: Some(f.path().to_path_buf()),
+            ..Default::default()
+        };
+        let e = ControllerConfig::load(&cli, env(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("bogus_key"), "{e}");
+        assert!(!e.contains('\n'), "one line: {e}");
+    }
+
+    #[test]
+    fn wrong_type_names_the_key() {
+        let f = yaml("active_threshold_sec: soon\n");
+        let cli = CliArgs {
+            config: Some(f.path().to_path_buf()),
+            ..Default::default()
+        };
+        let e = ControllerConfig::load(&cli, env(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("active_threshold_sec"), "{e}");
+    }
+
+    #[test]
+    fn missing_config_file_is_an_error() {
+        let cli = CliArgs {
+            config: Some("/nonexistent/c.yaml".into()),
+            ..Default::default()
+        };
+        let e = ControllerConfig::load(&cli, env(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("/nonexistent/c.yaml"), "{e}");
+    }
+
+    fn key_of(c: ControllerConfig) -> &'static str {
+        match c.validate().unwrap_err() {
+            ConfigError::Invalid { key, .. } => key,
+            other => panic!("unexpected {other}"),
+        }
+    }
+
+    #[test]
+    fn validation_names_the_key() {
+        let d = ControllerConfig::default;
+        assert_eq!(
+            key_of(ControllerConfig {
+                ecmp_coverage_probability: 1.0,
+                ..d()
+            }),
+            "ecmp_coverage_probability"
+        );
+        assert_eq!(
+            key_of(ControllerConfig {
+                ecmp_coverage_probability: 0.0,
+                ..d()
+            }),
+            "ecmp_coverage_probability"
+        );
+        assert_eq!(
+            key_of(ControllerConfig {
+                ecmp_paths_assumed: 1,
+                ..d()
+            }),
+            "ecmp_paths_assumed"
+        );
+        assert_eq!(
+            key_of(ControllerConfig {
+                ecmp_max_flow_labels: 0,
+                ..d()
+            }),
+            "ecmp_max_flow_labels"
+        );
+        assert_eq!(
+            key_of(ControllerConfig {
+                active_threshold_sec: 0,
+                ..d()
+            }),
+            "active_threshold_sec"
+        );
+        assert_eq!(
+            key_of(ControllerConfig {
+                active_threshold_sec: 600,
+                stale_threshold_sec: 300,
+                ..d()
+            }),
+            "stale_threshold_sec"
+        );
+        assert_eq!(
+            key_of(ControllerConfig {
+                analyzer_sla_loss_ratio: 1.5,
+                ..d()
+            }),
+            "analyzer_sla_loss_ratio"
+        );
+        assert_eq!(
+            key_of(ControllerConfig {
+                analyzer_sla_loss_ratio: -0.1,
+                ..d()
+            }),
+            "analyzer_sla_loss_ratio"
+        );
+        assert_eq!(
+            key_of(ControllerConfig {
+                inter_tor_sample_size: 0,
+                ..d()
+            }),
+            "inter_tor_sample_size"
+        );
+        assert_eq!(
+            key_of(ControllerConfig {
+                analyzer_window_retention: 0,
+                ..d()
+            }),
+            "analyzer_window_retention"
+        );
+        assert_eq!(
+            key_of(ControllerConfig {
+                log_level: "loud".into(),
+                ..d()
+            }),
+            "log_level"
+        );
+        assert_eq!(
+            key_of(ControllerConfig {
+                listen_addr: "nope".into(),
+                ..d()
+            }),
+            "listen_addr"
+        );
+        assert_eq!(
+            key_of(ControllerConfig {
+                tls_mode: "maybe".into(),
+                ..d()
+            }),
+            "tls_mode"
+        );
+        assert_eq!(
+            key_of(ControllerConfig {
+                tls_mode: "tls".into(),
+                ..d()
+            }),
+            "tls_cert_file"
+        );
+        assert_eq!(
+            key_of(ControllerConfig {
+                tls_mode: "mtls".into(),
+                tls_cert_file: "/etc/hostname".into(),
+                tls_key_file: "/etc/hostname".into(),
+                ..d()
+            }),
+            "tls_ca_file"
+        );
+        assert_eq!(
+            key_of(ControllerConfig {
+                metrics_export_interval_ms: 0,
+                ..d()
+            }),
+            "metrics_export_interval_ms"
+        );
+        assert_eq!(
+            key_of(ControllerConfig {
+                database_uri: "mysql://x".into(),
+                ..d()
+            }),
+            "database_uri"
+        );
+    }
+
+    #[test]
+    fn rqlite_uri_gets_the_documented_error() {
+        let c = ControllerConfig {
+            database_uri: "http://localhost:4001".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            c.validate().unwrap_err().to_string(),
+            "database_uri http://localhost:4001: rqlite is not supported; \
+             use sqlite:<path> (embedded) or etcd://host:port"
+        );
+        let c = ControllerConfig {
+            database_uri: "sqlite:/tmp/x.db".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            c.database().unwrap(),
+            DatabaseUri::SqliteFile("/tmp/x.db".into())
+        );
+        let c = ControllerConfig {
+            database_uri: "etcd://10.0.0.1:2379".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            c.database().unwrap(),
+            DatabaseUri::Etcd("10.0.0.1:2379".into())
+        );
+    }
+
+    #[test]
+    fn flags_parse_kebab_case() {
+        let cli = CliArgs::try_parse_from([
+            "rpingmesh-controller",
+            "--listen-addr",
+            ":9090",
+            "--ecmp-coverage-probability",
+            "0.99",
+            "--analyzer-enabled",
+            "false",
+        ])
+        .unwrap();
+        let c = ControllerConfig::load(&cli, env(&[])).unwrap();
+        assert_eq!(c.listen_addr, ":9090");
+        assert_eq!(c.ecmp_coverage_probability, 0.99);
+        assert!(!c.analyzer_enabled);
+    }
+}

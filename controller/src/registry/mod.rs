@@ -1,0 +1,330 @@
+//! RNIC registry: a durable store behind the [`Registry`] trait (SQLite embedded by
+//! default) and an in-memory [`RegistryIndex`] kept in sync with it. Pinglists are
+//! answered from the index, never by a table scan per request.
+
+mod index;
+mod sqlite;
+
+use std::sync::{Mutex, RwLock, RwLockReadGuard};
+
+pub use index::RegistryIndex;
+pub use sqlite::SqliteRegistry;
+
+use crate::config::DatabaseUri;
+
+/// One registered RNIC. `gid` is always in the normalized full form.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RnicRecord {
+    pub gid: String,
+    pub qpn: u32,
+    pub ip_address: String,
+    pub host_name: String,
+    pub tor_id: String,
+    pub device_name: String,
+    pub agent_id: String,
+    /// Unix seconds of the last registration of the owning agent.
+    pub last_updated: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct AgentRecord {
+    pub agent_id: String,
+    pub agent_ip: String,
+    pub hostname: String,
+    pub tor_id: String,
+    pub last_updated: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    #[error("registry store: {0}")]
+    Store(#[from] rusqlite::Error),
+    #[error("registry store: {0}")]
+    Other(String),
+}
+
+/// A durable RNIC store. Implementations do no caching; [`IndexedRegistry`] keeps the
+/// in-memory index.
+pub trait Registry: Send {
+    /// Stores `agent` and replaces that agent's previous RNIC set with `rnics`, all
+    /// stamped `now`. A GID owned by another agent moves to this one.
+    fn register_agent(
+        &mut self,
+        agent: &AgentRecord,
+        rnics: &[RnicRecord],
+        now: u64,
+    ) -> Result<(), RegistryError>;
+    fn list_agents(&self) -> Result<Vec<AgentRecord>, RegistryError>;
+    fn list_rnics(&self) -> Result<Vec<RnicRecord>, RegistryError>;
+    fn lookup_rnic(&self, gid: &str) -> Result<Option<RnicRecord>, RegistryError>;
+    /// Refreshes `last_updated` of the agent and its RNICs; returns RNICs touched.
+    fn touch(&mut self, agent_id: &str, now: u64) -> Result<usize, RegistryError>;
+    /// Deletes RNICs not updated for more than `stale_after` seconds (and agents left
+    /// without RNICs); returns the number of RNICs removed.
+    fn remove_stale(&mut self, now: u64, stale_after: u64) -> Result<usize, RegistryError>;
+}
+
+/// Opens the store selected by `database_uri`.
+pub fn open_store(db: &DatabaseUri) -> Result<Box<dyn Registry>, RegistryError> {
+    match db {
+        DatabaseUri::SqliteMemory => Ok(Box::new(SqliteRegistry::open_in_memory()?)),
+        DatabaseUri::SqliteFile(p) => Ok(Box::new(SqliteRegistry::open(p)?)),
+        DatabaseUri::Etcd(ep) => Err(RegistryError::Other(format!(
+            "database_uri etcd://{ep}: the etcd registry is not available in this build yet; \
+             use sqlite:<path>"
+        ))),
+    }
+}
+
+/// The store plus its in-memory index. Writers serialize on the store mutex and
+/// update the index under it, so index and store never diverge; readers take only
+/// the index read lock.
+pub struct IndexedRegistry {
+    store: Mutex<Box<dyn Registry>>,
+    index: RwLock<RegistryIndex>,
+}
+
+impl IndexedRegistry {
+    /// Wraps `store` and loads the index from it.
+    pub fn new(store: Box<dyn Registry>) -> Result<Self, RegistryError> {
+        let mut index = RegistryIndex::default();
+        let agents = store.list_agents()?;
+        let rnics = store.list_rnics()?;
+        index.load(agents, rnics);
+        Ok(Self {
+            store: Mutex::new(store),
+            index: RwLock::new(index),
+        })
+    }
+
+    pub fn register_agent(
+        &self,
+        agent: &AgentRecord,
+        rnics: &[RnicRecord],
+        now: u64,
+    ) -> Result<(), RegistryError> {
+        let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
+        store.register_agent(agent, rnics, now)?;
+        self.index
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .register_agent(agent, rnics, now);
+        Ok(())
+    }
+
+    pub fn touch(&self, agent_id: &str, now: u64) -> Result<usize, RegistryError> {
+        let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
+        let n = store.touch(agent_id, now)?;
+        self.index
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .touch(agent_id, now);
+        Ok(n)
+    }
+
+    pub fn remove_stale(&self, now: u64, stale_after: u64) -> Result<usize, RegistryError> {
+        let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
+        let n = store.remove_stale(now, stale_after)?;
+        self.index
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove_stale(now, stale_after);
+        Ok(n)
+    }
+
+    /// Read access to the index (pinglists, lookups). Do not hold across an await.
+    pub fn index(&self) -> RwLockReadGuard<'_, RegistryIndex> {
+        self.index.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Store-level RNIC listing (for consistency checks and tools).
+    pub fn store_rnics(&self) -> Result<Vec<RnicRecord>, RegistryError> {
+        self.store
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .list_rnics()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rnic(gid: &str, tor: &str) -> RnicRecord {
+        RnicRecord {
+            gid: rpingmesh_proto::gid::normalize_gid(gid).unwrap(),
+            qpn: 7,
+            ip_address: "10.0.0.1".into(),
+            host_name: "h".into(),
+            tor_id: tor.into(),
+            device_name: "mlx5_0".into(),
+            agent_id: String::new(),
+            last_updated: 0,
+        }
+    }
+
+    fn agent(id: &str, tor: &str) -> AgentRecord {
+        AgentRecord {
+            agent_id: id.into(),
+            agent_ip: "10.0.0.1".into(),
+            hostname: "h".into(),
+            tor_id: tor.into(),
+            last_updated: 0,
+        }
+    }
+
+    fn sorted(mut v: Vec<RnicRecord>) -> Vec<RnicRecord> {
+        v.sort_by(|a, b| a.gid.cmp(&b.gid));
+        v
+    }
+
+    fn index_rows(r: &IndexedRegistry) -> Vec<RnicRecord> {
+        sorted(r.index().rnics().cloned().collect())
+    }
+
+    #[test]
+    fn sqlite_file_roundtrip_reloads_the_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("reg.db");
+        {
+            let reg = IndexedRegistry::new(Box::new(SqliteRegistry::open(&path).unwrap())).unwrap();
+            reg.register_agent(
+                &agent("a1", "t1"),
+                &[rnic("fd00::1", "t1"), rnic("fd00::2", "t1")],
+                100,
+            )
+            .unwrap();
+            reg.register_agent(&agent("a2", "t2"), &[rnic("fd00::3", "t2")], 200)
+                .unwrap();
+            assert_eq!(index_rows(&reg), sorted(reg.store_rnics().unwrap()));
+        }
+        let reg = IndexedRegistry::new(Box::new(SqliteRegistry::open(&path).unwrap())).unwrap();
+        let idx = reg.index();
+        idx.check();
+        assert_eq!(idx.len(), 3);
+        assert_eq!(idx.tor_gids("t1").len(), 2);
+        let r = idx.rnic("fd00:0000:0000:0000:0000:0000:0000:0003").unwrap();
+        assert_eq!((r.agent_id.as_str(), r.last_updated, r.qpn), ("a2", 200, 7));
+        assert_eq!(idx.agent("a1").unwrap().hostname, "h");
+        assert_eq!(idx.agent_gids("a1").len(), 2);
+    }
+
+    #[test]
+    fn reregistration_replaces_the_agents_rnics_and_moves_gids() {
+        let reg =
+            IndexedRegistry::new(Box::new(SqliteRegistry::open_in_memory().unwrap())).unwrap();
+        reg.register_agent(
+            &agent("a1", "t1"),
+            &[rnic("fd00::1", "t1"), rnic("fd00::2", "t1")],
+            100,
+        )
+        .unwrap();
+        reg.register_agent(
+            &agent("a1", "t1"),
+            &[rnic("fd00::2", "t1"), rnic("fd00::4", "t3")],
+            150,
+        )
+        .unwrap();
+        {
+            let idx = reg.index();
+            idx.check();
+            let gids: Vec<_> = sorted(idx.rnics().cloned().collect())
+                .into_iter()
+                .map(|r| r.gid)
+                .collect();
+            assert!(gids[0].ends_with(":0002") && gids[1].ends_with(":0004"));
+            assert!(idx.tor_gids("t1").len() == 1 && idx.tor_gids("t3").len() == 1);
+            assert!(idx.rnics().all(|r| r.last_updated == 150));
+        }
+        // fd00::2 moves to a2; a1 keeps fd00::4.
+        reg.register_agent(&agent("a2", "t1"), &[rnic("fd00::2", "t1")], 160)
+            .unwrap();
+        assert_eq!(index_rows(&reg), sorted(reg.store_rnics().unwrap()));
+        reg.index().check();
+        assert_eq!(reg.index().agent_gids("a1").len(), 1);
+        // And the last one moves too: a1 disappears in both views.
+        reg.register_agent(&agent("a3", "t3"), &[rnic("fd00::4", "t3")], 170)
+            .unwrap();
+        reg.index().check();
+        assert!(reg.index().agent("a1").is_none());
+        let reloaded =
+            IndexedRegistry::new(Box::new(SqliteRegistry::open_in_memory().unwrap())).unwrap();
+        assert!(reloaded.index().is_empty());
+    }
+
+    #[test]
+    fn stale_removal_in_store_and_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("reg.db");
+        let reg = IndexedRegistry::new(Box::new(SqliteRegistry::open(&path).unwrap())).unwrap();
+        reg.register_agent(&agent("old", "t1"), &[rnic("fd00::1", "t1")], 100)
+            .unwrap();
+        reg.register_agent(&agent("new", "t2"), &[rnic("fd00::2", "t2")], 900)
+            .unwrap();
+        assert_eq!(
+            reg.remove_stale(1000, 900).unwrap(),
+            0,
+            "exactly at the threshold stays"
+        );
+        assert_eq!(reg.remove_stale(1001, 900).unwrap(), 1);
+        reg.index().check();
+        assert!(reg.index().agent("old").is_none());
+        assert_eq!(reg.index().tor_count(), 1);
+        // touch refreshes: a later sweep keeps the touched agent.
+        assert_eq!(reg.touch("new", 2000).unwrap(), 1);
+        assert_eq!(reg.remove_stale(2500, 900).unwrap(), 0);
+        drop(reg);
+        let reg = IndexedRegistry::new(Box::new(SqliteRegistry::open(&path).unwrap())).unwrap();
+        assert_eq!(reg.index().len(), 1);
+        assert_eq!(reg.index().rnics().next().unwrap().last_updated, 2000);
+        assert!(reg.index().agent("old").is_none());
+    }
+
+    #[test]
+    fn store_drops_an_agent_whose_last_gid_moved() {
+        let mut st = SqliteRegistry::open_in_memory().unwrap();
+        st.register_agent(
+            &agent("a1", "t1"),
+            &[rnic("fd00::1", "t1"), rnic("fd00::2", "t1")],
+            1,
+        )
+        .unwrap();
+        st.register_agent(&agent("a2", "t1"), &[rnic("fd00::1", "t1")], 2)
+            .unwrap();
+        let ids = |st: &SqliteRegistry| {
+            let mut v: Vec<_> = st
+                .list_agents()
+                .unwrap()
+                .into_iter()
+                .map(|a| a.agent_id)
+                .collect();
+            v.sort();
+            v
+        };
+        assert_eq!(ids(&st), vec!["a1", "a2"], "a1 still owns fd00::2");
+        st.register_agent(&agent("a3", "t1"), &[rnic("fd00::2", "t1")], 3)
+            .unwrap();
+        assert_eq!(ids(&st), vec!["a2", "a3"]);
+        assert_eq!(
+            st.lookup_rnic(&rnic("fd00::2", "t1").gid)
+                .unwrap()
+                .unwrap()
+                .agent_id,
+            "a3"
+        );
+        assert_eq!(st.remove_stale(1000, 997).unwrap(), 1);
+        assert_eq!(ids(&st), vec!["a3"]);
+    }
+
+    #[test]
+    fn missing_directory_is_a_clear_error() {
+        let e = SqliteRegistry::open(std::path::Path::new("/nonexistent-dir/x.db"))
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("/nonexistent-dir"), "{e}");
+        let e = open_store(&DatabaseUri::Etcd("h:2379".into()))
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("etcd://h:2379"), "{e}");
+    }
+}

@@ -1,0 +1,134 @@
+//! Server assembly: bind, optional TLS/mTLS, both services, stale sweeper, graceful
+//! shutdown. Used by the binary, the tests and the benchmark.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tonic::transport::server::TcpIncoming;
+use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
+
+use rpingmesh_proto::controller_agent::controller_service_server::ControllerServiceServer;
+use rpingmesh_proto::operator::operator_service_server::OperatorServiceServer;
+
+use crate::config::{ControllerConfig, TlsMode};
+use crate::service::{ControllerState, ControllerSvc, OperatorSvc};
+use crate::telemetry::AnalyzerMetrics;
+
+/// A running controller server.
+pub struct ServerHandle {
+    pub local_addr: SocketAddr,
+    pub state: Arc<ControllerState>,
+    shutdown: Option<oneshot::Sender<()>>,
+    join: JoinHandle<Result<(), tonic::transport::Error>>,
+}
+
+impl ServerHandle {
+    /// Stops accepting, drains in-flight RPCs and waits for the server task.
+    pub async fn shutdown(mut self) -> anyhow::Result<()> {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        self.join
+            .await
+            .context("server task")?
+            .context("gRPC server")?;
+        Ok(())
+    }
+}
+
+/// Reads the TLS material the config names (already validated as readable).
+pub fn tls_config(cfg: &ControllerConfig) -> anyhow::Result<Option<ServerTlsConfig>> {
+    let mode = cfg.tls()?;
+    if mode == TlsMode::Disabled {
+        return Ok(None);
+    }
+    let read = |key: &str, path: &str| {
+        std::fs::read(path).with_context(|| format!("{key} {path:?}: cannot read"))
+    };
+    let cert = read("tls_cert_file", &cfg.tls_cert_file)?;
+    let key = read("tls_key_file", &cfg.tls_key_file)?;
+    let mut tls = ServerTlsConfig::new().identity(Identity::from_pem(cert, key));
+    if mode == TlsMode::Mtls {
+        tls = tls.client_ca_root(Certificate::from_pem(read(
+            "tls_ca_file",
+            &cfg.tls_ca_file,
+        )?));
+    }
+    Ok(Some(tls))
+}
+
+/// Sweep period: stale_threshold/10, between 1 s and 60 s.
+pub fn sweep_interval(stale_threshold_sec: u64) -> Duration {
+    Duration::from_secs((stale_threshold_sec / 10).clamp(1, 60))
+}
+
+/// Opens the registry named by the config and starts serving on `listen_addr`.
+pub async fn start(
+    cfg: &ControllerConfig,
+    metrics: AnalyzerMetrics,
+) -> anyhow::Result<ServerHandle> {
+    let state = ControllerState::new(cfg, metrics).context("opening the registry")?;
+    start_with_state(cfg, Arc::new(state)).await
+}
+
+/// Starts serving `state` on `listen_addr` (port 0 picks a free port).
+pub async fn start_with_state(
+    cfg: &ControllerConfig,
+    state: Arc<ControllerState>,
+) -> anyhow::Result<ServerHandle> {
+    let addr = cfg.listen_socket_addr()?;
+    let listener = TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("listen_addr {addr}: bind failed"))?;
+    let local_addr = listener.local_addr()?;
+    let mut builder = Server::builder();
+    match tls_config(cfg)? {
+        Some(tls) => builder = builder.tls_config(tls).context("TLS configuration")?,
+        None => tracing::warn!("tls_mode=disabled: controller gRPC is plaintext"),
+    }
+    let router = builder
+        .add_service(ControllerServiceServer::new(ControllerSvc(state.clone())))
+        .add_service(OperatorServiceServer::new(OperatorSvc(state.clone())));
+
+    let sweeper = {
+        let state = state.clone();
+        let period = sweep_interval(state.stale_threshold_sec);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(period);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let st = state.clone();
+                match tokio::task::spawn_blocking(move || st.remove_stale()).await {
+                    Ok(Ok(0)) => {}
+                    Ok(Ok(n)) => tracing::info!(removed = n, "removed stale RNICs"),
+                    Ok(Err(e)) => tracing::error!(error = %e, "stale RNIC removal failed"),
+                    Err(e) => tracing::error!(error = %e, "stale RNIC removal task"),
+                }
+            }
+        })
+    };
+
+    let (tx, rx) = oneshot::channel::<()>();
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    let join = tokio::spawn(async move {
+        let r = router
+            .serve_with_incoming_shutdown(incoming, async {
+                let _ = rx.await;
+            })
+            .await;
+        sweeper.abort();
+        r
+    });
+    Ok(ServerHandle {
+        local_addr,
+        state,
+        shutdown: Some(tx),
+        join,
+    })
+}

@@ -1,0 +1,499 @@
+//! gRPC services: `controller_agent.ControllerService` (agents) and
+//! `rpingmesh.operator.v1.OperatorService` (operators), over one shared state.
+//! Locks are std locks held only for synchronous sections, never across an await.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
+use tonic::{Request, Response, Status};
+
+use rpingmesh_proto::controller_agent::controller_service_server::ControllerService;
+use rpingmesh_proto::controller_agent::{
+    AgentRegistrationRequest, AgentRegistrationResponse, PathSummary, PinglistRequest,
+    PinglistResponse, PinglistType, ProbeAnalysisAck, ProbeAnalysisReport, RnicInfo,
+};
+use rpingmesh_proto::gid::normalize_gid;
+use rpingmesh_proto::operator::operator_service_server::OperatorService;
+use rpingmesh_proto::operator::{
+    ListPathsRequest, ListPathsResponse, ListRnicsRequest, ListRnicsResponse, ListTorPairsRequest,
+    ListTorPairsResponse, ListViolationsRequest, ListViolationsResponse, RnicStatus,
+    Violation as ViolationMsg,
+};
+
+use crate::analyzer::{Analyzer, AnalyzerParams, PathFilter};
+use crate::config::ControllerConfig;
+use crate::ecmp;
+use crate::pinglist::{self, PinglistParams};
+use crate::registry::{self, AgentRecord, IndexedRegistry, Registry, RegistryError, RnicRecord};
+use crate::telemetry::AnalyzerMetrics;
+
+/// Wall clock in Unix nanoseconds; injectable so tests can age registrations.
+pub type Clock = Arc<dyn Fn() -> u64 + Send + Sync>;
+
+pub fn system_clock() -> Clock {
+    Arc::new(|| {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0)
+    })
+}
+
+/// Everything the services share.
+pub struct ControllerState {
+    pub registry: IndexedRegistry,
+    /// `None` when `analyzer_enabled` is false.
+    pub analyzer: Option<Mutex<Analyzer>>,
+    pub metrics: AnalyzerMetrics,
+    pub pinglist: PinglistParams,
+    pub pinglist_seed: Option<u64>,
+    pub stale_threshold_sec: u64,
+    /// Summaries dropped because of an invalid GID (counted, logged).
+    pub dropped_summaries: AtomicU64,
+    clock: Clock,
+}
+
+impl ControllerState {
+    /// Opens the store named by `database_uri` and loads the index from it.
+    pub fn new(cfg: &ControllerConfig, metrics: AnalyzerMetrics) -> Result<Self, RegistryError> {
+        let db = cfg
+            .database()
+            .map_err(|e| RegistryError::Other(e.to_string()))?;
+        let store = registry::open_store(&db)?;
+        Self::with_store(cfg, store, metrics, system_clock())
+    }
+
+    pub fn with_store(
+        cfg: &ControllerConfig,
+        store: Box<dyn Registry>,
+        metrics: AnalyzerMetrics,
+        clock: Clock,
+    ) -> Result<Self, RegistryError> {
+        let analyzer = cfg.analyzer_enabled.then(|| {
+            Mutex::new(Analyzer::new(AnalyzerParams {
+                sla_loss_ratio: cfg.analyzer_sla_loss_ratio,
+                sla_network_rtt_p99_ns: cfg.analyzer_sla_network_rtt_p99_ns,
+                window_retention: cfg.analyzer_window_retention as usize,
+                ..AnalyzerParams::default()
+            }))
+        });
+        Ok(Self {
+            registry: IndexedRegistry::new(store)?,
+            analyzer,
+            metrics,
+            pinglist: PinglistParams {
+                active_threshold_sec: cfg.active_threshold_sec,
+                inter_tor_sample_size: cfg.inter_tor_sample_size as usize,
+                flow_label_count: ecmp::flow_label_count(
+                    cfg.ecmp_paths_assumed,
+                    cfg.ecmp_coverage_probability,
+                    cfg.ecmp_max_flow_labels,
+                ),
+            },
+            pinglist_seed: cfg.pinglist_seed,
+            stale_threshold_sec: cfg.stale_threshold_sec,
+            dropped_summaries: AtomicU64::new(0),
+            clock,
+        })
+    }
+
+    pub fn now_ns(&self) -> u64 {
+        (self.clock)()
+    }
+
+    pub fn now_sec(&self) -> u64 {
+        self.now_ns() / 1_000_000_000
+    }
+
+    /// One stale sweep; returns the RNICs removed.
+    pub fn remove_stale(&self) -> Result<usize, RegistryError> {
+        self.registry
+            .remove_stale(self.now_sec(), self.stale_threshold_sec)
+    }
+
+    /// Per-request RNG: fresh entropy, or derived from `pinglist_seed` and the request
+    /// so that a seeded controller answers the same request identically.
+    fn request_rng(&self, requester: &str, ty: PinglistType) -> SmallRng {
+        match self.pinglist_seed {
+            None => SmallRng::from_rng(&mut rand::rng()),
+            Some(seed) => {
+                // FNV-1a: stable across runs and platforms, unlike std's hasher.
+                let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+                for b in requester.bytes().chain([ty as u8]) {
+                    h = (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
+                }
+                SmallRng::seed_from_u64(seed ^ h)
+            }
+        }
+    }
+}
+
+/// True when `s` is already the full lowercase form (fast path: no allocation).
+fn is_normalized_gid(s: &str) -> bool {
+    let b = s.as_bytes();
+    b.len() == 39
+        && b.iter().enumerate().all(|(i, &c)| {
+            if i % 5 == 4 {
+                c == b':'
+            } else {
+                c.is_ascii_digit() || (b'a'..=b'f').contains(&c)
+            }
+        })
+}
+
+/// Normalizes in place; on error leaves the text untouched.
+fn normalize_in_place(s: &mut String) -> bool {
+    if is_normalized_gid(s) {
+        return true;
+    }
+    match normalize_gid(s) {
+        Ok(n) => {
+            *s = n;
+            true
+        }
+        Err(_) => false,
+    }
+}
+
+fn gid_arg(field: &str, text: &str) -> Result<String, Status> {
+    normalize_gid(text).map_err(|e| Status::invalid_argument(format!("{field}: {e}")))
+}
+
+fn store_err(e: RegistryError) -> Status {
+    tracing::error!(error = %e, "registry store failure");
+    Status::internal(e.to_string())
+}
+
+#[derive(Clone)]
+pub struct ControllerSvc(pub Arc<ControllerState>);
+
+#[derive(Clone)]
+pub struct OperatorSvc(pub Arc<ControllerState>);
+
+#[tonic::async_trait]
+impl ControllerService for ControllerSvc {
+    async fn register_agent(
+        &self,
+        request: Request<AgentRegistrationRequest>,
+    ) -> Result<Response<AgentRegistrationResponse>, Status> {
+        let req = request.into_inner();
+        if req.agent_id.trim().is_empty() {
+            return Err(Status::invalid_argument("registration: agent_id is empty"));
+        }
+        if req.tor_id.trim().is_empty() {
+            return Err(Status::invalid_argument(format!(
+                "registration of agent {:?}: tor_id is empty",
+                req.agent_id
+            )));
+        }
+        if req.rnics.is_empty() {
+            return Err(Status::invalid_argument(format!(
+                "registration of agent {:?} has no RNICs",
+                req.agent_id
+            )));
+        }
+        let mut rnics: Vec<RnicRecord> = Vec::with_capacity(req.rnics.len());
+        for r in &req.rnics {
+            let gid = normalize_gid(&r.gid).map_err(|e| {
+                Status::invalid_argument(format!("registration of agent {:?}: {e}", req.agent_id))
+            })?;
+            if rnics.iter().any(|x| x.gid == gid) {
+                return Err(Status::invalid_argument(format!(
+                    "registration of agent {:?}: duplicate GID {gid}",
+                    req.agent_id
+                )));
+            }
+            rnics.push(RnicRecord {
+                gid,
+                qpn: r.qpn,
+                ip_address: r.ip_address.clone(),
+                host_name: if r.host_name.is_empty() {
+                    req.hostname.clone()
+                } else {
+                    r.host_name.clone()
+                },
+                // RNICs inherit the agent's ToR unless they name their own (multi-rail).
+                tor_id: if r.tor_id.is_empty() {
+                    req.tor_id.clone()
+                } else {
+                    r.tor_id.clone()
+                },
+                device_name: r.device_name.clone(),
+                agent_id: req.agent_id.clone(),
+                last_updated: 0,
+            });
+        }
+        let agent = AgentRecord {
+            agent_id: req.agent_id.clone(),
+            agent_ip: req.agent_ip.clone(),
+            hostname: req.hostname.clone(),
+            tor_id: req.tor_id.clone(),
+            last_updated: 0,
+        };
+        let now = self.0.now_sec();
+        self.0
+            .registry
+            .register_agent(&agent, &rnics, now)
+            .map_err(store_err)?;
+        tracing::info!(agent_id = %agent.agent_id, tor_id = %agent.tor_id, rnics = rnics.len(), "agent registered");
+        Ok(Response::new(AgentRegistrationResponse {
+            success: true,
+            message: format!(
+                "registered {} RNIC(s) for agent {}",
+                rnics.len(),
+                agent.agent_id
+            ),
+        }))
+    }
+
+    async fn get_pinglist(
+        &self,
+        request: Request<PinglistRequest>,
+    ) -> Result<Response<PinglistResponse>, Status> {
+        let req = request.into_inner();
+        let ty = PinglistType::try_from(req.r#type).map_err(|_| {
+            Status::invalid_argument(format!("unknown pinglist type {}", req.r#type))
+        })?;
+        let requester = if req.requester_gid.is_empty() {
+            None
+        } else {
+            Some(gid_arg("requester_gid", &req.requester_gid)?)
+        };
+        let st = &self.0;
+        let now = st.now_sec();
+        let idx = st.registry.index();
+        if !req.agent_id.is_empty() && idx.agent(&req.agent_id).is_none() {
+            return Err(Status::not_found(format!(
+                "agent {:?} is not registered",
+                req.agent_id
+            )));
+        }
+        let (tor, exclude): (String, Vec<&str>) = match &requester {
+            Some(g) => {
+                let r = idx.rnic(g).ok_or_else(|| {
+                    Status::not_found(format!("requester GID {g} is not registered"))
+                })?;
+                (r.tor_id.clone(), vec![g.as_str()])
+            }
+            None if !req.agent_id.is_empty() => {
+                let a = idx.agent(&req.agent_id).expect("checked above");
+                (
+                    a.tor_id.clone(),
+                    idx.agent_gids(&req.agent_id)
+                        .iter()
+                        .map(String::as_str)
+                        .collect(),
+                )
+            }
+            None => {
+                return Err(Status::invalid_argument(
+                    "pinglist request names neither requester_gid nor agent_id",
+                ))
+            }
+        };
+        let mut rng = st.request_rng(requester.as_deref().unwrap_or(&req.agent_id), ty);
+        let targets = match ty {
+            PinglistType::TorMesh => {
+                pinglist::tor_mesh(&idx, &tor, &exclude, now, &st.pinglist, &mut rng)
+            }
+            PinglistType::InterTor => pinglist::inter_tor(&idx, &tor, now, &st.pinglist, &mut rng),
+        };
+        drop(idx);
+        Ok(Response::new(PinglistResponse {
+            targets,
+            r#type: ty as i32,
+        }))
+    }
+
+    async fn report_probe_analysis(
+        &self,
+        request: Request<ProbeAnalysisReport>,
+    ) -> Result<Response<ProbeAnalysisAck>, Status> {
+        let req = request.into_inner();
+        let st = &self.0;
+        let Some(analyzer) = &st.analyzer else {
+            return Ok(Response::new(ProbeAnalysisAck {
+                accepted: false,
+                sla_violations: 0,
+            }));
+        };
+        let total = req.summaries.len();
+        let mut batch: Vec<PathSummary> = Vec::with_capacity(total);
+        let mut first_bad: Option<String> = None;
+        for mut s in req.summaries {
+            let ok_src = normalize_in_place(&mut s.source_gid);
+            let ok_dst = normalize_in_place(&mut s.target_gid);
+            if ok_src && ok_dst {
+                batch.push(s);
+            } else if first_bad.is_none() {
+                first_bad = Some(if ok_src { s.target_gid } else { s.source_gid });
+            }
+        }
+        let dropped = total - batch.len();
+        let now_ns = st.now_ns();
+        let report = analyzer
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .ingest(batch, now_ns);
+        st.metrics.summaries_ingested(report.ingested as u64);
+        for v in &report.violations {
+            let s = &v.summary;
+            st.metrics
+                .violation(&s.source_tor_id, &s.target_tor_id, v.kind);
+            tracing::warn!(
+                kind = v.kind.as_str(),
+                source_gid = %s.source_gid,
+                target_gid = %s.target_gid,
+                source_tor = %s.source_tor_id,
+                target_tor = %s.target_tor_id,
+                window_start_unix_ns = s.window_start_unix_ns,
+                probe_total = s.probe_total,
+                probe_failed = s.probe_failed,
+                network_rtt_p99_ns = s.network_rtt_p99_ns,
+                "SLA violation"
+            );
+        }
+        if dropped > 0 {
+            st.dropped_summaries
+                .fetch_add(dropped as u64, Ordering::Relaxed);
+            tracing::warn!(
+                agent_id = %req.agent_id,
+                dropped,
+                example_gid = ?first_bad.unwrap_or_default(),
+                "dropped path summaries with invalid GIDs"
+            );
+        }
+        Ok(Response::new(ProbeAnalysisAck {
+            accepted: dropped == 0 || report.ingested > 0,
+            sla_violations: report.violations.len() as u32,
+        }))
+    }
+}
+
+fn optional_gid(field: &str, text: &str) -> Result<String, Status> {
+    if text.is_empty() {
+        Ok(String::new())
+    } else {
+        gid_arg(field, text)
+    }
+}
+
+#[tonic::async_trait]
+impl OperatorService for OperatorSvc {
+    async fn list_paths(
+        &self,
+        request: Request<ListPathsRequest>,
+    ) -> Result<Response<ListPathsResponse>, Status> {
+        let req = request.into_inner();
+        let source_gid = optional_gid("source_gid", &req.source_gid)?;
+        let target_gid = optional_gid("target_gid", &req.target_gid)?;
+        let filter = PathFilter {
+            source_tor_id: &req.source_tor_id,
+            target_tor_id: &req.target_tor_id,
+            source_gid: &source_gid,
+            target_gid: &target_gid,
+        };
+        let paths = match &self.0.analyzer {
+            Some(a) => a
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .paths(&filter, req.all_windows),
+            None => Vec::new(),
+        };
+        Ok(Response::new(ListPathsResponse { paths }))
+    }
+
+    async fn list_tor_pairs(
+        &self,
+        _request: Request<ListTorPairsRequest>,
+    ) -> Result<Response<ListTorPairsResponse>, Status> {
+        let pairs = match &self.0.analyzer {
+            Some(a) => a.lock().unwrap_or_else(|e| e.into_inner()).tor_pairs(),
+            None => Vec::new(),
+        };
+        Ok(Response::new(ListTorPairsResponse { pairs }))
+    }
+
+    async fn list_rnics(
+        &self,
+        request: Request<ListRnicsRequest>,
+    ) -> Result<Response<ListRnicsResponse>, Status> {
+        let req = request.into_inner();
+        let st = &self.0;
+        let now = st.now_sec();
+        let idx = st.registry.index();
+        let to_status = |r: &RnicRecord| RnicStatus {
+            rnic: Some(RnicInfo {
+                gid: r.gid.clone(),
+                qpn: r.qpn,
+                ip_address: r.ip_address.clone(),
+                host_name: r.host_name.clone(),
+                tor_id: r.tor_id.clone(),
+                device_name: r.device_name.clone(),
+            }),
+            agent_id: r.agent_id.clone(),
+            last_updated_unix_sec: r.last_updated,
+            active: pinglist::is_active(r, now, st.pinglist.active_threshold_sec),
+        };
+        let mut rnics: Vec<RnicStatus> = if req.tor_id.is_empty() {
+            idx.rnics().map(to_status).collect()
+        } else {
+            idx.tor_gids(&req.tor_id)
+                .iter()
+                .filter_map(|g| idx.rnic(g))
+                .map(to_status)
+                .collect()
+        };
+        drop(idx);
+        rnics.sort_by(|a, b| {
+            let (a, b) = (a.rnic.as_ref().unwrap(), b.rnic.as_ref().unwrap());
+            (&a.tor_id, &a.gid).cmp(&(&b.tor_id, &b.gid))
+        });
+        Ok(Response::new(ListRnicsResponse { rnics }))
+    }
+
+    async fn list_violations(
+        &self,
+        request: Request<ListViolationsRequest>,
+    ) -> Result<Response<ListViolationsResponse>, Status> {
+        let limit = request.into_inner().limit as usize;
+        let violations = match &self.0.analyzer {
+            Some(a) => a
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .violations(limit)
+                .into_iter()
+                .map(|v| ViolationMsg {
+                    kind: v.kind.as_str().to_string(),
+                    summary: Some(v.summary),
+                    detected_unix_ns: v.detected_unix_ns,
+                })
+                .collect(),
+            None => Vec::new(),
+        };
+        Ok(Response::new(ListViolationsResponse { violations }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn normalized_fast_path() {
+        assert!(is_normalized_gid("fe80:0000:0000:0000:0001:0002:0003:0004"));
+        assert!(!is_normalized_gid(
+            "FE80:0000:0000:0000:0001:0002:0003:0004"
+        ));
+        assert!(!is_normalized_gid("fe80::1"));
+        let mut s = "FE80::1:2:3:4".to_string();
+        assert!(normalize_in_place(&mut s));
+        assert_eq!(s, "fe80:0000:0000:0000:0001:0002:0003:0004");
+        let mut bad = "garbage".to_string();
+        assert!(!normalize_in_place(&mut bad));
+        assert_eq!(bad, "garbage");
+    }
+}
