@@ -1,4 +1,5 @@
 //! Types shared by the agent and (later) its eBPF programs. `#![no_std]`.
 #![no_std]
 
+pub mod event;
 pub mod wire;

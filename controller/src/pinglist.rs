@@ -44,6 +44,9 @@ pub fn make_target<R: Rng + ?Sized>(
         flow_label_count,
         flow_label_seed: seed,
         pinglist_type: ty as i32,
+        traffic_class: 0,
+        service_level: 0,
+        service: String::new(),
     }
 }
 

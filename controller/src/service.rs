@@ -175,6 +175,14 @@ pub struct OperatorSvc(pub Arc<ControllerState>);
 
 #[tonic::async_trait]
 impl ControllerService for ControllerSvc {
+    // TEMP until service paths land (issue 3).
+    async fn report_service_flows(
+        &self,
+        _request: Request<rpingmesh_proto::controller_agent::ServiceFlowReport>,
+    ) -> Result<Response<rpingmesh_proto::controller_agent::ServiceFlowAck>, Status> {
+        Err(Status::unimplemented("service flows are not supported yet"))
+    }
+
     async fn register_agent(
         &self,
         request: Request<AgentRegistrationRequest>,
@@ -300,6 +308,8 @@ impl ControllerService for ControllerSvc {
                 pinglist::tor_mesh(&idx, &tor, &exclude, now, &st.pinglist, &mut rng)
             }
             PinglistType::InterTor => pinglist::inter_tor(&idx, &tor, now, &st.pinglist, &mut rng),
+            // TEMP until service paths land (issue 3).
+            PinglistType::Service => Vec::new(),
         };
         drop(idx);
         Ok(Response::new(PinglistResponse {
@@ -383,6 +393,14 @@ fn optional_gid(field: &str, text: &str) -> Result<String, Status> {
 
 #[tonic::async_trait]
 impl OperatorService for OperatorSvc {
+    // TEMP until service paths land (issue 3).
+    async fn list_service_paths(
+        &self,
+        _request: Request<rpingmesh_proto::operator::ListServicePathsRequest>,
+    ) -> Result<Response<rpingmesh_proto::operator::ListServicePathsResponse>, Status> {
+        Err(Status::unimplemented("service paths are not supported yet"))
+    }
+
     async fn list_paths(
         &self,
         request: Request<ListPathsRequest>,

@@ -276,6 +276,8 @@ fn summaries(paths: u64, windows: u64) -> Vec<PathSummary> {
                 prober_delay_p99_ns: 3_000,
                 responder_delay_p50_ns: 800,
                 responder_delay_p99_ns: 2_000,
+                pinglist_type: 0,
+                service: String::new(),
             });
         }
     }

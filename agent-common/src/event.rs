@@ -1,0 +1,215 @@
+//! QP lifecycle events emitted by the eBPF programs (agent-ebpf) and decoded by the
+//! service tracer, plus the constants both halves must agree on.
+//!
+//! One fixed-size record (`QpEvent`, 136 bytes, 8-aligned, explicit padding) carries every
+//! kind of event so the ring buffer and the decoder stay trivial; `kind` says which
+//! fields are meaningful.
+
+/// Event kinds (`QpEvent::kind`).
+pub const KIND_CREATE: u8 = 1;
+pub const KIND_MODIFY: u8 = 2;
+pub const KIND_DESTROY: u8 = 3;
+
+/// Where the event came from (`QpEvent::source`).
+pub const SOURCE_KPROBE: u8 = 1;
+pub const SOURCE_UPROBE: u8 = 2;
+
+/// `QpEvent::flags` bits.
+/// The AH attribute carried a GRH (is_global / IB_AH_GRH): dgid and flow label are valid.
+pub const FLAG_GRH: u8 = 1 << 0;
+/// Reading some of the attribute memory failed; fields may be partially zero.
+pub const FLAG_READ_ERROR: u8 = 1 << 1;
+
+/// Bits of `attr_mask` (identical in `enum ibv_qp_attr_mask` and the kernel's
+/// `enum ib_qp_attr_mask`).
+pub const QP_ATTR_STATE: u32 = 1 << 0;
+pub const QP_ATTR_PORT: u32 = 1 << 5;
+pub const QP_ATTR_AV: u32 = 1 << 7;
+pub const QP_ATTR_DEST_QPN: u32 = 1 << 20;
+
+/// QP states (`enum ibv_qp_state` == kernel `enum ib_qp_state`).
+pub const QPS_RESET: u8 = 0;
+pub const QPS_INIT: u8 = 1;
+pub const QPS_RTR: u8 = 2;
+pub const QPS_RTS: u8 = 3;
+pub const QPS_ERR: u8 = 6;
+
+pub const COMM_LEN: usize = 16;
+pub const GID_LEN: usize = 16;
+/// Device names are truncated to this many bytes (NUL-padded). RDMA names are short.
+pub const DEV_NAME_LEN: usize = 32;
+
+/// One QP lifecycle event. Layout is fixed (`size_of == QP_EVENT_SIZE`), all padding is
+/// explicit so the eBPF side can zero it and the userspace decoder never reads garbage.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpEvent {
+    /// bpf_ktime_get_boot_ns() at the probe.
+    pub boot_ns: u64,
+    /// bpf_get_current_cgroup_id().
+    pub cgroup_id: u64,
+    /// Kernel `struct ib_device *` (kprobe) or user `struct ibv_context *` (uprobe).
+    pub ctx: u64,
+    /// Kernel `struct ib_qp *` or user `struct ibv_qp *`.
+    pub qp_ptr: u64,
+    /// Thread id (lower half of bpf_get_current_pid_tgid).
+    pub pid: u32,
+    /// Process id (upper half).
+    pub tgid: u32,
+    pub qp_num: u32,
+    pub dest_qp_num: u32,
+    pub attr_mask: u32,
+    /// GRH flow label (20 bits).
+    pub flow_label: u32,
+    pub comm: [u8; COMM_LEN],
+    /// Remote GID from the AH attribute's GRH (modify to RTR).
+    pub dgid: [u8; GID_LEN],
+    /// NUL-padded device name (ib_device.name / ibv_device.name); empty when unreadable.
+    pub dev_name: [u8; DEV_NAME_LEN],
+    pub kind: u8,
+    pub source: u8,
+    pub qp_type: u8,
+    pub port: u8,
+    pub qp_state: u8,
+    pub sgid_index: u8,
+    pub hop_limit: u8,
+    pub traffic_class: u8,
+    pub sl: u8,
+    pub flags: u8,
+    pub _pad: [u8; 6],
+}
+
+pub const QP_EVENT_SIZE: usize = 136;
+const _: () = assert!(core::mem::size_of::<QpEvent>() == QP_EVENT_SIZE);
+const _: () = assert!(core::mem::align_of::<QpEvent>() == 8);
+
+impl QpEvent {
+    pub const fn zeroed() -> Self {
+        QpEvent {
+            boot_ns: 0,
+            cgroup_id: 0,
+            ctx: 0,
+            qp_ptr: 0,
+            pid: 0,
+            tgid: 0,
+            qp_num: 0,
+            dest_qp_num: 0,
+            attr_mask: 0,
+            flow_label: 0,
+            comm: [0; COMM_LEN],
+            dgid: [0; GID_LEN],
+            dev_name: [0; DEV_NAME_LEN],
+            kind: 0,
+            source: 0,
+            qp_type: 0,
+            port: 0,
+            qp_state: 0,
+            sgid_index: 0,
+            hop_limit: 0,
+            traffic_class: 0,
+            sl: 0,
+            flags: 0,
+            _pad: [0; 6],
+        }
+    }
+
+    /// Decode from ring-buffer bytes (unaligned). `None` when the record is too short.
+    pub fn from_bytes(b: &[u8]) -> Option<Self> {
+        if b.len() < QP_EVENT_SIZE {
+            return None;
+        }
+        // SAFETY: length checked; every bit pattern is a valid QpEvent (integers/arrays only).
+        Some(unsafe { core::ptr::read_unaligned(b.as_ptr() as *const QpEvent) })
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        // SAFETY: repr(C) with explicit padding, so every byte is initialised.
+        unsafe {
+            core::slice::from_raw_parts(self as *const QpEvent as *const u8, QP_EVENT_SIZE)
+        }
+    }
+}
+
+/// Indices into the per-CPU drop/error counter array (`QP_EVENT_STATS`).
+pub const STAT_RINGBUF_DROPS: u32 = 0;
+pub const STAT_READ_ERRORS: u32 = 1;
+pub const STAT_COUNT: u32 = 2;
+
+/// Ring buffer size in bytes (power of two, multiple of the page size).
+pub const RINGBUF_BYTES: u32 = 1 << 20;
+
+/// Kernel struct member offsets resolved from BTF at load time and passed to the kprobe
+/// programs in the global `KOFFSETS: [u32; KOFF_COUNT]` (name: `KOFFSETS_GLOBAL`).
+/// Nothing kernel-specific is compiled in: with `KOFF_VALID == 0` the kprobes emit nothing.
+pub const KOFFSETS_GLOBAL: &str = "KOFFSETS";
+pub const KOFF_VALID: usize = 0;
+pub const KOFF_QP_DEVICE: usize = 1; // ib_qp.device (struct ib_device *)
+pub const KOFF_QP_QP_NUM: usize = 2; // ib_qp.qp_num (u32)
+pub const KOFF_QP_QP_TYPE: usize = 3; // ib_qp.qp_type (enum, low byte read)
+pub const KOFF_QP_PORT: usize = 4; // ib_qp.port (u8 or u32 by kernel, low byte read)
+pub const KOFF_DEVICE_NAME: usize = 5; // ib_device.name (char[64])
+pub const KOFF_ATTR_QP_STATE: usize = 6; // ib_qp_attr.qp_state
+pub const KOFF_ATTR_DEST_QP_NUM: usize = 7; // ib_qp_attr.dest_qp_num
+pub const KOFF_ATTR_PORT_NUM: usize = 8; // ib_qp_attr.port_num
+pub const KOFF_ATTR_AH_ATTR: usize = 9; // ib_qp_attr.ah_attr (struct rdma_ah_attr)
+pub const KOFF_AH_GRH: usize = 10; // rdma_ah_attr.grh (struct ib_global_route)
+pub const KOFF_AH_SL: usize = 11; // rdma_ah_attr.sl
+pub const KOFF_AH_PORT_NUM: usize = 12; // rdma_ah_attr.port_num
+pub const KOFF_AH_FLAGS: usize = 13; // rdma_ah_attr.ah_flags (IB_AH_GRH = 1)
+pub const KOFF_GRH_DGID: usize = 14; // ib_global_route.dgid
+pub const KOFF_GRH_FLOW_LABEL: usize = 15;
+pub const KOFF_GRH_SGID_INDEX: usize = 16;
+pub const KOFF_GRH_HOP_LIMIT: usize = 17;
+pub const KOFF_GRH_TRAFFIC_CLASS: usize = 18;
+pub const KOFF_COUNT: usize = 19;
+
+/// Stable libibverbs user ABI (x86_64 / LP64), from `<infiniband/verbs.h>`.
+/// Checked against the header by a userspace test that compiles `offsetof` with cc.
+pub mod ibv {
+    /// struct ibv_qp
+    pub const QP_CONTEXT: usize = 0; // struct ibv_context *
+    pub const QP_HANDLE: usize = 48;
+    pub const QP_QP_NUM: usize = 52;
+    pub const QP_STATE: usize = 56;
+    pub const QP_QP_TYPE: usize = 60;
+    pub const QP_SIZE: usize = 160;
+    /// struct ibv_context
+    pub const CONTEXT_DEVICE: usize = 0; // struct ibv_device *
+    /// struct ibv_device
+    pub const DEVICE_NAME: usize = 24; // char name[64]
+    /// struct ibv_qp_attr
+    pub const ATTR_QP_STATE: usize = 0;
+    pub const ATTR_DEST_QP_NUM: usize = 28;
+    pub const ATTR_AH_ATTR: usize = 56;
+    pub const ATTR_PORT_NUM: usize = 129;
+    pub const ATTR_SIZE: usize = 144;
+    /// struct ibv_ah_attr (offsets within it)
+    pub const AH_GRH: usize = 0;
+    pub const AH_SL: usize = 26;
+    pub const AH_IS_GLOBAL: usize = 29;
+    pub const AH_PORT_NUM: usize = 30;
+    pub const AH_SIZE: usize = 32;
+    /// struct ibv_global_route (offsets within it)
+    pub const GRH_DGID: usize = 0;
+    pub const GRH_FLOW_LABEL: usize = 16;
+    pub const GRH_SGID_INDEX: usize = 20;
+    pub const GRH_HOP_LIMIT: usize = 21;
+    pub const GRH_TRAFFIC_CLASS: usize = 22;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roundtrip_bytes() {
+        let mut e = QpEvent::zeroed();
+        e.qp_num = 0x1234;
+        e.dgid[15] = 9;
+        e.flags = FLAG_GRH;
+        let b = e.as_bytes();
+        assert_eq!(b.len(), QP_EVENT_SIZE);
+        assert_eq!(QpEvent::from_bytes(b), Some(e));
+        assert_eq!(QpEvent::from_bytes(&b[..10]), None);
+    }
+}

@@ -1,0 +1,372 @@
+//! eBPF programs tracing the RDMA queue-pair lifecycle.
+//!
+//! Two interchangeable families feed the same ring buffer with `QpEvent`s:
+//! - kprobes on ib_uverbs/ib_core (`ib_create_qp_user` return, `ib_modify_qp_with_udata`,
+//!   `ib_destroy_qp_user`); kernel struct offsets come from BTF at load time through the
+//!   `KOFFSETS` global, never compiled in;
+//! - uprobes on libibverbs (`ibv_create_qp`/`ibv_create_qp_ex` return, `ibv_modify_qp`,
+//!   `ibv_destroy_qp`) reading the stable user ABI (`agent_common::event::ibv`).
+#![no_std]
+#![no_main]
+
+use aya_ebpf::{
+    helpers::{
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_probe_read_kernel,
+        bpf_probe_read_kernel_buf, bpf_probe_read_user, bpf_probe_read_user_buf,
+    },
+    macros::{kprobe, kretprobe, map, uprobe, uretprobe},
+    maps::{PerCpuArray, RingBuf},
+    programs::{ProbeContext, RetProbeContext},
+};
+use rpingmesh_agent_common::event::*;
+
+#[map(name = "QP_EVENTS")]
+static QP_EVENTS: RingBuf = RingBuf::with_byte_size(RINGBUF_BYTES, 0);
+
+#[map(name = "QP_EVENT_STATS")]
+static QP_EVENT_STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(STAT_COUNT, 0);
+
+/// Kernel member offsets (see `KOFF_*`), written by the loader from BTF.
+#[no_mangle]
+static KOFFSETS: [u32; KOFF_COUNT] = [0; KOFF_COUNT];
+
+#[inline(always)]
+fn koff(i: usize) -> u64 {
+    // Volatile: the loader rewrites the value, the compiler must not fold the zero.
+    unsafe { core::ptr::read_volatile(&KOFFSETS[i]) as u64 }
+}
+
+#[inline(always)]
+fn bump(stat: u32) {
+    if let Some(p) = QP_EVENT_STATS.get_ptr_mut(stat) {
+        unsafe { *p += 1 };
+    }
+}
+
+#[inline(always)]
+fn header(kind: u8, source: u8) -> QpEvent {
+    let mut ev = QpEvent::zeroed();
+    let id = bpf_get_current_pid_tgid();
+    ev.pid = id as u32;
+    ev.tgid = (id >> 32) as u32;
+    ev.comm = bpf_get_current_comm().unwrap_or([0; COMM_LEN]);
+    ev.cgroup_id = unsafe { aya_ebpf::helpers::generated::bpf_get_current_cgroup_id() };
+    // Boot time (includes suspend), as the userspace side expects.
+    ev.boot_ns = unsafe { aya_ebpf::helpers::generated::bpf_ktime_get_boot_ns() };
+    ev.kind = kind;
+    ev.source = source;
+    ev
+}
+
+#[inline(always)]
+fn emit(ev: &QpEvent) {
+    match QP_EVENTS.reserve::<QpEvent>(0) {
+        Some(mut slot) => {
+            slot.write(*ev);
+            slot.submit(0);
+        }
+        None => bump(STAT_RINGBUF_DROPS),
+    }
+}
+
+#[inline(always)]
+fn read_err(ev: &mut QpEvent) {
+    ev.flags |= FLAG_READ_ERROR;
+    bump(STAT_READ_ERRORS);
+}
+
+// ---------------------------------------------------------------- user (libibverbs)
+
+#[inline(always)]
+fn ur<T>(addr: u64, ev: &mut QpEvent) -> Option<T> {
+    match unsafe { bpf_probe_read_user(addr as *const T) } {
+        Ok(v) => Some(v),
+        Err(_) => {
+            read_err(ev);
+            None
+        }
+    }
+}
+
+/// Fill qp_num, qp_type, state, context and device name from a user `struct ibv_qp *`.
+#[inline(always)]
+fn user_qp(qp: u64, ev: &mut QpEvent) {
+    ev.qp_ptr = qp;
+    if let Some(n) = ur::<u32>(qp + ibv::QP_QP_NUM as u64, ev) {
+        ev.qp_num = n;
+    }
+    if let Some(t) = ur::<u32>(qp + ibv::QP_QP_TYPE as u64, ev) {
+        ev.qp_type = t as u8;
+    }
+    if let Some(ctx) = ur::<u64>(qp + ibv::QP_CONTEXT as u64, ev) {
+        ev.ctx = ctx;
+        if ctx != 0 {
+            if let Some(dev) = ur::<u64>(ctx + ibv::CONTEXT_DEVICE as u64, ev) {
+                if dev != 0 {
+                    let src = (dev + ibv::DEVICE_NAME as u64) as *const u8;
+                    if unsafe { bpf_probe_read_user_buf(src, &mut ev.dev_name) }.is_err() {
+                        read_err(ev);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[inline(always)]
+fn user_create_ret(ctx: &RetProbeContext) -> u32 {
+    let qp: u64 = ctx.ret();
+    if qp == 0 {
+        return 0; // creation failed
+    }
+    let mut ev = header(KIND_CREATE, SOURCE_UPROBE);
+    user_qp(qp, &mut ev);
+    emit(&ev);
+    0
+}
+
+#[uretprobe]
+pub fn ibv_create_qp_ret(ctx: RetProbeContext) -> u32 {
+    user_create_ret(&ctx)
+}
+
+#[uretprobe]
+pub fn ibv_create_qp_ex_ret(ctx: RetProbeContext) -> u32 {
+    user_create_ret(&ctx)
+}
+
+/// int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int attr_mask)
+#[uprobe]
+pub fn ibv_modify_qp(ctx: ProbeContext) -> u32 {
+    let (Some(qp), Some(attr), Some(mask)) =
+        (ctx.arg::<u64>(0), ctx.arg::<u64>(1), ctx.arg::<u32>(2))
+    else {
+        return 0;
+    };
+    if qp == 0 || attr == 0 {
+        return 0;
+    }
+    let mut ev = header(KIND_MODIFY, SOURCE_UPROBE);
+    ev.attr_mask = mask;
+    user_qp(qp, &mut ev);
+    if let Some(s) = ur::<u32>(attr + ibv::ATTR_QP_STATE as u64, &mut ev) {
+        ev.qp_state = s as u8;
+    }
+    if mask & QP_ATTR_DEST_QPN != 0 {
+        if let Some(d) = ur::<u32>(attr + ibv::ATTR_DEST_QP_NUM as u64, &mut ev) {
+            ev.dest_qp_num = d;
+        }
+    }
+    if mask & QP_ATTR_PORT != 0 {
+        if let Some(p) = ur::<u8>(attr + ibv::ATTR_PORT_NUM as u64, &mut ev) {
+            ev.port = p;
+        }
+    }
+    if mask & QP_ATTR_AV != 0 {
+        let ah = attr + ibv::ATTR_AH_ATTR as u64;
+        if let Some(sl) = ur::<u8>(ah + ibv::AH_SL as u64, &mut ev) {
+            ev.sl = sl;
+        }
+        // The AV's port wins over QP_ATTR_PORT: it is the port the path leaves from.
+        if let Some(p) = ur::<u8>(ah + ibv::AH_PORT_NUM as u64, &mut ev) {
+            if p != 0 {
+                ev.port = p;
+            }
+        }
+        if let Some(g) = ur::<u8>(ah + ibv::AH_IS_GLOBAL as u64, &mut ev) {
+            if g != 0 {
+                ev.flags |= FLAG_GRH;
+            }
+        }
+        let grh = ah + ibv::AH_GRH as u64;
+        if unsafe {
+            bpf_probe_read_user_buf((grh + ibv::GRH_DGID as u64) as *const u8, &mut ev.dgid)
+        }
+        .is_err()
+        {
+            read_err(&mut ev);
+        }
+        if let Some(f) = ur::<u32>(grh + ibv::GRH_FLOW_LABEL as u64, &mut ev) {
+            ev.flow_label = f;
+        }
+        if let Some(v) = ur::<u8>(grh + ibv::GRH_SGID_INDEX as u64, &mut ev) {
+            ev.sgid_index = v;
+        }
+        if let Some(v) = ur::<u8>(grh + ibv::GRH_HOP_LIMIT as u64, &mut ev) {
+            ev.hop_limit = v;
+        }
+        if let Some(v) = ur::<u8>(grh + ibv::GRH_TRAFFIC_CLASS as u64, &mut ev) {
+            ev.traffic_class = v;
+        }
+    }
+    emit(&ev);
+    0
+}
+
+/// int ibv_destroy_qp(struct ibv_qp *qp)
+#[uprobe]
+pub fn ibv_destroy_qp(ctx: ProbeContext) -> u32 {
+    let Some(qp) = ctx.arg::<u64>(0) else { return 0 };
+    if qp == 0 {
+        return 0;
+    }
+    let mut ev = header(KIND_DESTROY, SOURCE_UPROBE);
+    user_qp(qp, &mut ev);
+    emit(&ev);
+    0
+}
+
+// ---------------------------------------------------------------- kernel (ib_uverbs)
+
+#[inline(always)]
+fn kr<T>(addr: u64, ev: &mut QpEvent) -> Option<T> {
+    match unsafe { bpf_probe_read_kernel(addr as *const T) } {
+        Ok(v) => Some(v),
+        Err(_) => {
+            read_err(ev);
+            None
+        }
+    }
+}
+
+/// Fill qp_num, qp_type, port, device pointer and name from a kernel `struct ib_qp *`.
+/// Enums and ports are read by their low byte: correct on little-endian whether the
+/// kernel declares them u8 or u32 (ib_qp.port widened in 5.13).
+#[inline(always)]
+fn kernel_qp(qp: u64, ev: &mut QpEvent) {
+    ev.qp_ptr = qp;
+    if let Some(n) = kr::<u32>(qp + koff(KOFF_QP_QP_NUM), ev) {
+        ev.qp_num = n;
+    }
+    if let Some(t) = kr::<u8>(qp + koff(KOFF_QP_QP_TYPE), ev) {
+        ev.qp_type = t;
+    }
+    if let Some(p) = kr::<u8>(qp + koff(KOFF_QP_PORT), ev) {
+        ev.port = p;
+    }
+    if let Some(dev) = kr::<u64>(qp + koff(KOFF_QP_DEVICE), ev) {
+        ev.ctx = dev;
+        if dev != 0 {
+            let src = (dev + koff(KOFF_DEVICE_NAME)) as *const u8;
+            if unsafe { bpf_probe_read_kernel_buf(src, &mut ev.dev_name) }.is_err() {
+                read_err(ev);
+            }
+        }
+    }
+}
+
+#[inline(always)]
+fn is_err_or_null(p: u64) -> bool {
+    // IS_ERR_OR_NULL: errno pointers live in the last page of the address space.
+    p == 0 || p >= (-4095i64) as u64
+}
+
+/// struct ib_qp *ib_create_qp_user(...): the returned QP carries everything we need.
+#[kretprobe]
+pub fn ib_create_qp_user_ret(ctx: RetProbeContext) -> u32 {
+    if koff(KOFF_VALID) == 0 {
+        return 0;
+    }
+    let qp: u64 = ctx.ret();
+    if is_err_or_null(qp) {
+        return 0;
+    }
+    let mut ev = header(KIND_CREATE, SOURCE_KPROBE);
+    kernel_qp(qp, &mut ev);
+    emit(&ev);
+    0
+}
+
+/// int ib_modify_qp_with_udata(struct ib_qp *qp, struct ib_qp_attr *attr, int mask, ...)
+#[kprobe]
+pub fn ib_modify_qp_with_udata(ctx: ProbeContext) -> u32 {
+    if koff(KOFF_VALID) == 0 {
+        return 0;
+    }
+    let (Some(qp), Some(attr), Some(mask)) =
+        (ctx.arg::<u64>(0), ctx.arg::<u64>(1), ctx.arg::<u32>(2))
+    else {
+        return 0;
+    };
+    if qp == 0 || attr == 0 {
+        return 0;
+    }
+    let mut ev = header(KIND_MODIFY, SOURCE_KPROBE);
+    ev.attr_mask = mask;
+    kernel_qp(qp, &mut ev);
+    if let Some(s) = kr::<u8>(attr + koff(KOFF_ATTR_QP_STATE), &mut ev) {
+        ev.qp_state = s;
+    }
+    if mask & QP_ATTR_DEST_QPN != 0 {
+        if let Some(d) = kr::<u32>(attr + koff(KOFF_ATTR_DEST_QP_NUM), &mut ev) {
+            ev.dest_qp_num = d;
+        }
+    }
+    if mask & QP_ATTR_PORT != 0 {
+        if let Some(p) = kr::<u8>(attr + koff(KOFF_ATTR_PORT_NUM), &mut ev) {
+            ev.port = p;
+        }
+    }
+    // Only the transition to RTR carries the path (AV) we care about.
+    if mask & QP_ATTR_STATE != 0 && ev.qp_state == QPS_RTR && mask & QP_ATTR_AV != 0 {
+        let ah = attr + koff(KOFF_ATTR_AH_ATTR);
+        if let Some(sl) = kr::<u8>(ah + koff(KOFF_AH_SL), &mut ev) {
+            ev.sl = sl;
+        }
+        if let Some(p) = kr::<u8>(ah + koff(KOFF_AH_PORT_NUM), &mut ev) {
+            if p != 0 {
+                ev.port = p;
+            }
+        }
+        if let Some(f) = kr::<u8>(ah + koff(KOFF_AH_FLAGS), &mut ev) {
+            if f & 1 != 0 {
+                ev.flags |= FLAG_GRH; // IB_AH_GRH
+            }
+        }
+        let grh = ah + koff(KOFF_AH_GRH);
+        let src = (grh + koff(KOFF_GRH_DGID)) as *const u8;
+        if unsafe { bpf_probe_read_kernel_buf(src, &mut ev.dgid) }.is_err() {
+            read_err(&mut ev);
+        }
+        if let Some(f) = kr::<u32>(grh + koff(KOFF_GRH_FLOW_LABEL), &mut ev) {
+            ev.flow_label = f;
+        }
+        if let Some(v) = kr::<u8>(grh + koff(KOFF_GRH_SGID_INDEX), &mut ev) {
+            ev.sgid_index = v;
+        }
+        if let Some(v) = kr::<u8>(grh + koff(KOFF_GRH_HOP_LIMIT), &mut ev) {
+            ev.hop_limit = v;
+        }
+        if let Some(v) = kr::<u8>(grh + koff(KOFF_GRH_TRAFFIC_CLASS), &mut ev) {
+            ev.traffic_class = v;
+        }
+    }
+    emit(&ev);
+    0
+}
+
+/// int ib_destroy_qp_user(struct ib_qp *qp, struct ib_udata *udata)
+#[kprobe]
+pub fn ib_destroy_qp_user(ctx: ProbeContext) -> u32 {
+    if koff(KOFF_VALID) == 0 {
+        return 0;
+    }
+    let Some(qp) = ctx.arg::<u64>(0) else { return 0 };
+    if qp == 0 {
+        return 0;
+    }
+    let mut ev = header(KIND_DESTROY, SOURCE_KPROBE);
+    kernel_qp(qp, &mut ev);
+    emit(&ev);
+    0
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[link_section = "license"]
+#[no_mangle]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

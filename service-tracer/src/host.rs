@@ -1,0 +1,194 @@
+//! Facts about the host the tracer needs: privileges, kprobe availability, libibverbs
+//! location, ELF symbol offsets, process start times. Parsing is pure; thin wrappers read.
+
+use std::path::{Path, PathBuf};
+
+pub const KPROBE_SYMBOLS: [&str; 3] = ["ib_create_qp_user", "ib_modify_qp_with_udata", "ib_destroy_qp_user"];
+
+const CAP_SYS_ADMIN: u32 = 21;
+const CAP_PERFMON: u32 = 38;
+const CAP_BPF: u32 = 39;
+
+/// From the text of /proc/self/status: `Ok(())` when the effective set allows loading and
+/// attaching tracing programs (CAP_BPF + CAP_PERFMON, or CAP_SYS_ADMIN), else the reason.
+pub fn check_caps_status(status: &str) -> Result<(), String> {
+    let hex = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .map(str::trim)
+        .ok_or("no CapEff line in /proc/self/status")?;
+    let eff = u64::from_str_radix(hex, 16).map_err(|_| format!("unreadable CapEff {hex:?}"))?;
+    let has = |c: u32| eff & (1u64 << c) != 0;
+    if has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON)) {
+        Ok(())
+    } else {
+        Err(format!("need CAP_BPF and CAP_PERFMON (or root); effective capabilities are {eff:#x}"))
+    }
+}
+
+pub fn check_privileges() -> Result<(), String> {
+    let s = std::fs::read_to_string("/proc/self/status").map_err(|e| format!("reading /proc/self/status: {e}"))?;
+    check_caps_status(&s)
+}
+
+/// Which of `wanted` appear as symbol names in /proc/kallsyms text.
+pub fn kallsyms_has_all(kallsyms: &str, wanted: &[&str]) -> bool {
+    let mut found = vec![false; wanted.len()];
+    for line in kallsyms.lines() {
+        if let Some(name) = line.split_whitespace().nth(2) {
+            if let Some(i) = wanted.iter().position(|w| *w == name) {
+                found[i] = true;
+            }
+        }
+    }
+    found.iter().all(|f| *f)
+}
+
+/// kprobes attach when the kprobe PMU or a kprobe_events file exists.
+pub fn kprobes_attachable() -> bool {
+    ["/sys/bus/event_source/devices/kprobe/type", "/sys/kernel/tracing/kprobe_events", "/sys/kernel/debug/tracing/kprobe_events"]
+        .iter()
+        .any(|p| Path::new(p).exists())
+}
+
+pub fn kprobe_symbols_present() -> bool {
+    std::fs::read_to_string("/proc/kallsyms").is_ok_and(|s| kallsyms_has_all(&s, &KPROBE_SYMBOLS))
+}
+
+/// libibverbs paths from `ldconfig -p` output (x86-64 entries first).
+pub fn parse_ldconfig(out: &str) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = out
+        .lines()
+        .filter(|l| l.trim_start().starts_with("libibverbs.so.1 "))
+        .filter_map(|l| l.split("=>").nth(1).map(|p| PathBuf::from(p.trim())))
+        .collect();
+    v.dedup();
+    v
+}
+
+/// Where libibverbs lives on this host: `ldconfig -p`, then the Debian/RHEL defaults.
+pub fn discover_libibverbs() -> Vec<PathBuf> {
+    let mut v = std::process::Command::new("ldconfig")
+        .arg("-p")
+        .output()
+        .ok()
+        .map(|o| parse_ldconfig(&String::from_utf8_lossy(&o.stdout)))
+        .unwrap_or_default();
+    if v.is_empty() {
+        v = ["/usr/lib/x86_64-linux-gnu/libibverbs.so.1", "/lib/x86_64-linux-gnu/libibverbs.so.1", "/usr/lib64/libibverbs.so.1"]
+            .iter()
+            .map(PathBuf::from)
+            .filter(|p| p.exists())
+            .take(1)
+            .collect();
+    }
+    // Canonical paths: the same file reached through /lib and /usr/lib is one inode.
+    let mut c: Vec<PathBuf> = v.into_iter().map(|p| std::fs::canonicalize(&p).unwrap_or(p)).collect();
+    c.dedup();
+    c
+}
+
+/// File offset of the default-version definition of `symbol` in an ELF file (what the
+/// dynamic linker binds to), from .dynsym or .symtab. Versioned libraries such as
+/// libibverbs export compat versions too (`ibv_create_qp@IBVERBS_1.0`); those are
+/// hidden in .gnu.version and skipped.
+pub fn symbol_file_offset(elf: &[u8], symbol: &str) -> Result<Option<u64>, String> {
+    use object::{Object, ObjectSection, ObjectSymbol};
+    let obj = object::File::parse(elf).map_err(|e| format!("not an ELF file: {e}"))?;
+    let versym = obj.section_by_name(".gnu.version").and_then(|s| s.data().ok());
+    let hidden = |idx: usize| versym.and_then(|v| v.get(2 * idx..2 * idx + 2)).is_some_and(|b| u16::from_le_bytes([b[0], b[1]]) & 0x8000 != 0);
+    let mut best = None;
+    for (dynamic, syms) in [(true, obj.dynamic_symbols()), (false, obj.symbols())] {
+        for s in syms {
+            if s.name() != Ok(symbol) || !s.is_definition() || s.address() == 0 {
+                continue;
+            }
+            if dynamic && hidden(s.index().0) {
+                continue;
+            }
+            best = Some(s);
+            break;
+        }
+        if best.is_some() {
+            break;
+        }
+    }
+    let Some(s) = best else { return Ok(None) };
+    let sec_idx = s.section_index().ok_or_else(|| format!("{symbol} is not in a section"))?;
+    let sec = obj.section_by_index(sec_idx).map_err(|e| format!("{symbol}: {e}"))?;
+    let (off, _) = sec.file_range().ok_or_else(|| format!("{symbol}: section has no file data"))?;
+    Ok(Some(s.address() - sec.address() + off))
+}
+
+/// Process start in CLOCK_BOOTTIME ns from /proc/<pid>/stat text (field 22, in ticks).
+pub fn parse_start_ns(stat: &str, ticks_per_sec: u64) -> Option<u64> {
+    // comm may contain spaces and parentheses: fields start after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let start: u64 = rest.split_whitespace().nth(19)?.parse().ok()?;
+    Some(start.saturating_mul(1_000_000_000) / ticks_per_sec.max(1))
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum Liveness {
+    Gone,
+    /// Alive; started at this boot ns.
+    Started(u64),
+    Unknown,
+}
+
+pub fn process_liveness(pid: u32) -> Liveness {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => {
+            // SAFETY: sysconf has no memory-safety preconditions.
+            let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+            parse_start_ns(&s, if hz > 0 { hz as u64 } else { 100 }).map_or(Liveness::Unknown, Liveness::Started)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Liveness::Gone,
+        Err(_) => Liveness::Unknown,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn caps() {
+        assert!(check_caps_status("Name:\tx\nCapEff:\t000001ffffffffff\n").is_ok());
+        assert!(check_caps_status("CapEff:\t000000c000000000\n").is_ok()); // BPF+PERFMON
+        let e = check_caps_status("CapEff:\t0000004000000000\n").unwrap_err(); // PERFMON only
+        assert!(e.contains("CAP_BPF"), "{e}");
+        assert!(check_caps_status("CapEff:\tzz\n").is_err());
+        assert!(check_caps_status("").is_err());
+    }
+
+    #[test]
+    fn kallsyms() {
+        let t = "ffffffffc0a01000 T ib_create_qp_user\t[ib_core]\nffffffffc0a02000 t ib_modify_qp_with_udata\t[ib_core]\n0 T ib_destroy_qp_user [ib_core]\n";
+        assert!(kallsyms_has_all(t, &KPROBE_SYMBOLS));
+        assert!(!kallsyms_has_all("0 T ib_create_qp_user_x\n", &KPROBE_SYMBOLS));
+    }
+
+    #[test]
+    fn ldconfig() {
+        let o = "1234 libs found in cache `/etc/ld.so.cache'\n\tlibibverbs.so.1 (libc6,x86-64) => /lib/x86_64-linux-gnu/libibverbs.so.1\n\tlibibverbs.so (libc6,x86-64) => /lib/x86_64-linux-gnu/libibverbs.so\n";
+        assert_eq!(parse_ldconfig(o), vec![PathBuf::from("/lib/x86_64-linux-gnu/libibverbs.so.1")]);
+    }
+
+    #[test]
+    fn start_time() {
+        let s = "42 (a b) c) S 1 42 42 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 12345 1000 10";
+        assert_eq!(parse_start_ns(s, 100), Some(123_450_000_000));
+        assert_eq!(parse_start_ns("garbage", 100), None);
+    }
+
+    #[test]
+    fn own_executable_symbol() {
+        // This test binary defines `main`; its file offset lies inside the file.
+        let exe = std::fs::read("/proc/self/exe").unwrap();
+        let off = symbol_file_offset(&exe, "main").unwrap().expect("main");
+        assert!(off > 0 && off < exe.len() as u64);
+        assert_eq!(symbol_file_offset(&exe, "no_such_symbol_here").unwrap(), None);
+        assert!(symbol_file_offset(b"not elf", "main").is_err());
+    }
+}

@@ -1,0 +1,482 @@
+//! Service tracer: loads the QP-lifecycle eBPF programs (agent-ebpf, via aya), reads
+//! their ring buffer asynchronously and keeps the service-flow table
+//! ((local GID, local QPN) -> remote GID/QPN, flow label, SL/TC, process).
+//!
+//! The agent calls [`ServiceTracer::start`] inside a tokio runtime; it gets either a
+//! running tracer or a one-line reason why tracing is off (probing goes on either way).
+//! The reporter waits on [`ServiceTracer::changed`] and takes [`ServiceTracer::take_changes`]
+//! (incremental, coalesced) or [`ServiceTracer::snapshot`] (full resend).
+
+pub mod btf;
+pub mod flows;
+pub mod host;
+
+pub use flows::{
+    ChangeBatch, EventSource, ExcludePid, FlowChange, FlowKey, FlowStats, FlowTable, FlowTableConfig, Gid, GidResolver,
+    QpFilter, ServiceFlow,
+};
+
+use aya::maps::{MapData, PerCpuArray, RingBuf};
+use aya::programs::uprobe::UProbeScope;
+use aya::programs::{KProbe, ProbeKind, UProbe};
+use aya::{Ebpf, EbpfLoader};
+use rpingmesh_agent_common::event::*;
+use std::borrow::Cow;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Environment variable naming the eBPF object at run time (overrides the embedded one).
+pub const OBJECT_ENV: &str = "RPINGMESH_EBPF_OBJECT";
+pub const NOT_BUILT: &str = "eBPF object not built: run cargo xtask build-ebpf";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum TracingMode {
+    #[default]
+    Auto,
+    Kprobe,
+    Uprobe,
+    Off,
+}
+
+impl FromStr for TracingMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(TracingMode::Auto),
+            "kprobe" => Ok(TracingMode::Kprobe),
+            "uprobe" => Ok(TracingMode::Uprobe),
+            "off" => Ok(TracingMode::Off),
+            _ => Err(format!("service_tracing_mode {s:?}: want auto, kprobe, uprobe or off")),
+        }
+    }
+}
+
+/// The family actually attached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ActiveMode {
+    Kprobe,
+    Uprobe,
+}
+
+#[derive(Clone, Debug)]
+pub struct TracerConfig {
+    pub mode: TracingMode,
+    /// eBPF object file; `None` = $RPINGMESH_EBPF_OBJECT, then the embedded object.
+    pub object_path: Option<PathBuf>,
+    /// Look up libibverbs with `ldconfig -p` (uprobe mode).
+    pub discover_libibverbs: bool,
+    /// Extra uprobe targets (absolute paths of libibverbs copies or test binaries).
+    pub uprobe_targets: Vec<PathBuf>,
+    /// Directory with kernel BTF (vmlinux, ib_core, ib_uverbs).
+    pub btf_dir: PathBuf,
+    pub table: FlowTableConfig,
+    /// Pending changes kept before degrading to a full resend.
+    pub max_pending_changes: usize,
+    /// How often exited processes are looked for and kernel counters read.
+    pub liveness_interval: Duration,
+}
+
+impl Default for TracerConfig {
+    fn default() -> Self {
+        TracerConfig {
+            mode: TracingMode::Auto,
+            object_path: None,
+            discover_libibverbs: true,
+            uprobe_targets: Vec::new(),
+            btf_dir: PathBuf::from("/sys/kernel/btf"),
+            table: FlowTableConfig::default(),
+            max_pending_changes: 65_536,
+            liveness_interval: Duration::from_secs(2),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TracerError {
+    #[error("{NOT_BUILT}")]
+    NotBuilt,
+    #[error("reading eBPF object {path}: {err}")]
+    ObjectRead { path: String, err: String },
+    #[error("loading eBPF object: {0}")]
+    Load(String),
+    #[error("eBPF program {prog}: {err}")]
+    Program { prog: String, err: String },
+    #[error("kernel BTF: {0}")]
+    Btf(#[from] btf::BtfError),
+    #[error("{0}")]
+    Privileges(String),
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+#[cfg(rpingmesh_ebpf_embedded)]
+static EMBEDDED: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/agent.bpf.o"));
+
+/// The object embedded at build time, when `cargo xtask build-ebpf` ran before the build.
+pub fn embedded_object() -> Option<&'static [u8]> {
+    #[cfg(rpingmesh_ebpf_embedded)]
+    return Some(EMBEDDED);
+    #[cfg(not(rpingmesh_ebpf_embedded))]
+    None
+}
+
+/// The object bytes: explicit path, else $RPINGMESH_EBPF_OBJECT, else embedded.
+pub fn object_bytes(explicit: Option<&Path>) -> Result<Cow<'static, [u8]>, TracerError> {
+    let path = explicit.map(Path::to_path_buf).or_else(|| std::env::var_os(OBJECT_ENV).map(PathBuf::from));
+    if let Some(p) = path {
+        return std::fs::read(&p)
+            .map(Cow::Owned)
+            .map_err(|e| TracerError::ObjectRead { path: p.display().to_string(), err: e.to_string() });
+    }
+    embedded_object().map(Cow::Borrowed).ok_or(TracerError::NotBuilt)
+}
+
+/// (program name, target function, kind) of every program in the object.
+pub const KPROBE_PROGRAMS: [(&str, &str); 3] = [
+    ("ib_create_qp_user_ret", "ib_create_qp_user"),
+    ("ib_modify_qp_with_udata", "ib_modify_qp_with_udata"),
+    ("ib_destroy_qp_user", "ib_destroy_qp_user"),
+];
+/// (program, symbol, required): `ibv_create_qp_ex` is a static inline in most
+/// rdma-core versions, so it is attached only where a library exports it.
+pub const UPROBE_PROGRAMS: [(&str, &str, bool); 4] = [
+    ("ibv_create_qp_ret", "ibv_create_qp", true),
+    ("ibv_create_qp_ex_ret", "ibv_create_qp_ex", false),
+    ("ibv_modify_qp", "ibv_modify_qp", true),
+    ("ibv_destroy_qp", "ibv_destroy_qp", true),
+];
+
+fn load_object(object: &[u8], offsets: &[u32; KOFF_COUNT]) -> Result<Ebpf, TracerError> {
+    EbpfLoader::new()
+        .override_global(KOFFSETS_GLOBAL, offsets, true)
+        .load(object)
+        .map_err(|e| TracerError::Load(one_line(&e)))
+}
+
+fn one_line(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(c) = src {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        src = c.source();
+    }
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// Loads every program of the object into the kernel (verifier check), attaching none.
+/// Returns the names of the programs loaded.
+pub fn load_all_programs(object: &[u8]) -> Result<Vec<String>, TracerError> {
+    let mut ebpf = load_object(object, &[0; KOFF_COUNT])?;
+    let mut names = Vec::new();
+    for (name, _) in KPROBE_PROGRAMS {
+        let p: &mut KProbe = prog_mut(&mut ebpf, name)?;
+        p.load().map_err(|e| TracerError::Program { prog: name.into(), err: one_line(&e) })?;
+        names.push(name.to_string());
+    }
+    for (name, _, _) in UPROBE_PROGRAMS {
+        let p: &mut UProbe = prog_mut(&mut ebpf, name)?;
+        p.load().map_err(|e| TracerError::Program { prog: name.into(), err: one_line(&e) })?;
+        names.push(name.to_string());
+    }
+    Ok(names)
+}
+
+fn prog_mut<'a, T>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut T, TracerError>
+where
+    &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
+{
+    let p = ebpf
+        .program_mut(name)
+        .ok_or_else(|| TracerError::Program { prog: name.into(), err: "not in the object".into() })?;
+    p.try_into().map_err(|e: aya::programs::ProgramError| TracerError::Program { prog: name.into(), err: one_line(&e) })
+}
+
+struct Inner {
+    table: FlowTable,
+    log: flows::ChangeLog,
+}
+
+struct Shared {
+    inner: Mutex<Inner>,
+    notify: tokio::sync::Notify,
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // A panic while holding the lock leaves a consistent table (no await inside).
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Result of [`ServiceTracer::start`].
+pub enum Started {
+    Running(ServiceTracer),
+    /// Tracing is off; the one-line reason (probing continues without service paths).
+    Off(String),
+}
+
+pub struct ServiceTracer {
+    shared: Arc<Shared>,
+    task: tokio::task::JoinHandle<()>,
+    mode: ActiveMode,
+    attachments: Vec<String>,
+    // Dropping it detaches every program.
+    _ebpf: Ebpf,
+}
+
+impl Drop for ServiceTracer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl ServiceTracer {
+    /// Start tracing; never fails, but may return `Started::Off(reason)`.
+    /// Must be called from within a tokio runtime.
+    pub fn start(cfg: TracerConfig, resolver: Arc<dyn GidResolver>, filter: Arc<dyn QpFilter>) -> Started {
+        match Self::try_start(cfg, resolver, filter) {
+            Ok(t) => Started::Running(t),
+            Err(e) => Started::Off(format!("service tracing off: {e}")),
+        }
+    }
+
+    pub fn try_start(cfg: TracerConfig, resolver: Arc<dyn GidResolver>, filter: Arc<dyn QpFilter>) -> Result<ServiceTracer, TracerError> {
+        if cfg.mode == TracingMode::Off {
+            return Err(TracerError::Unavailable("service_tracing_mode is off".into()));
+        }
+        host::check_privileges().map_err(TracerError::Privileges)?;
+        let object = object_bytes(cfg.object_path.as_deref())?;
+
+        let kprobe_possible = || -> Result<[u32; KOFF_COUNT], TracerError> {
+            if !host::kprobe_symbols_present() {
+                return Err(TracerError::Unavailable(format!("kernel has no {} in /proc/kallsyms", host::KPROBE_SYMBOLS.join("/"))));
+            }
+            if !host::kprobes_attachable() {
+                return Err(TracerError::Unavailable("kernel has no kprobe PMU or kprobe_events (CONFIG_KPROBES off?)".into()));
+            }
+            Ok(btf::resolve_kernel_offsets(&cfg.btf_dir)?)
+        };
+        let (mut ebpf, mode, attachments) = match cfg.mode {
+            TracingMode::Kprobe => {
+                let offs = kprobe_possible()?;
+                let (e, a) = attach_kprobes(&object, &offs)?;
+                (e, ActiveMode::Kprobe, a)
+            }
+            TracingMode::Uprobe => {
+                let (e, a) = attach_uprobes(&object, &cfg)?;
+                (e, ActiveMode::Uprobe, a)
+            }
+            _ => match kprobe_possible().and_then(|o| attach_kprobes(&object, &o)) {
+                Ok((e, a)) => (e, ActiveMode::Kprobe, a),
+                Err(why) => {
+                    tracing::info!("service tracing: kprobes unavailable ({why}); using libibverbs uprobes");
+                    let (e, a) = attach_uprobes(&object, &cfg)?;
+                    (e, ActiveMode::Uprobe, a)
+                }
+            },
+        };
+
+        let rb_map = ebpf.take_map("QP_EVENTS").ok_or_else(|| TracerError::Load("map QP_EVENTS missing".into()))?;
+        let rb = RingBuf::try_from(rb_map).map_err(|e| TracerError::Load(one_line(&e)))?;
+        let st_map = ebpf.take_map("QP_EVENT_STATS").ok_or_else(|| TracerError::Load("map QP_EVENT_STATS missing".into()))?;
+        let counters: PerCpuArray<MapData, u64> = PerCpuArray::try_from(st_map).map_err(|e| TracerError::Load(one_line(&e)))?;
+        // SAFETY: the ring buffer's fd stays open and unchanged while the AsyncFd owns it.
+        let afd = unsafe { tokio::io::unix::AsyncFd::register_with_interest(rb, tokio::io::Interest::READABLE) }
+            .map_err(|e| TracerError::Load(format!("registering the ring buffer with tokio: {}", e)))?;
+
+        let shared = Arc::new(Shared {
+            inner: Mutex::new(Inner { table: FlowTable::new(cfg.table), log: flows::ChangeLog::new(cfg.max_pending_changes) }),
+            notify: tokio::sync::Notify::new(),
+        });
+        let task = tokio::spawn(reader(afd, counters, shared.clone(), resolver, filter, cfg.liveness_interval));
+        Ok(ServiceTracer { shared, task, mode, attachments, _ebpf: ebpf })
+    }
+
+    pub fn mode(&self) -> ActiveMode {
+        self.mode
+    }
+
+    /// "program -> target" for every attached probe.
+    pub fn attachments(&self) -> &[String] {
+        &self.attachments
+    }
+
+    /// Resolves when changes are pending (returns at once if some already are).
+    pub async fn changed(&self) {
+        loop {
+            let n = self.shared.notify.notified();
+            if !self.shared.lock().log.is_empty() {
+                return;
+            }
+            n.await;
+        }
+    }
+
+    /// Pending changes since the last call (coalesced per flow).
+    pub fn take_changes(&self) -> ChangeBatch {
+        let mut g = self.shared.lock();
+        let Inner { table, log } = &mut *g;
+        log.drain(table)
+    }
+
+    /// Every current flow (for a full resend after a controller restart).
+    pub fn snapshot(&self) -> Vec<ServiceFlow> {
+        let mut v: Vec<ServiceFlow> = self.shared.lock().table.flows().cloned().collect();
+        v.sort_by_key(|f| f.key);
+        v
+    }
+
+    pub fn stats(&self) -> FlowStats {
+        self.shared.lock().table.stats().clone()
+    }
+}
+
+fn attach_kprobes(object: &[u8], offs: &[u32; KOFF_COUNT]) -> Result<(Ebpf, Vec<String>), TracerError> {
+    let mut ebpf = load_object(object, offs)?;
+    let mut att = Vec::new();
+    for (name, func) in KPROBE_PROGRAMS {
+        let p: &mut KProbe = prog_mut(&mut ebpf, name)?;
+        p.load().map_err(|e| TracerError::Program { prog: name.into(), err: one_line(&e) })?;
+        p.attach(func, 0).map_err(|e| TracerError::Program { prog: name.into(), err: one_line(&e) })?;
+        att.push(format!("{name} -> {func}"));
+    }
+    Ok((ebpf, att))
+}
+
+fn attach_uprobes(object: &[u8], cfg: &TracerConfig) -> Result<(Ebpf, Vec<String>), TracerError> {
+    let mut targets: Vec<PathBuf> = cfg.uprobe_targets.clone();
+    if cfg.discover_libibverbs {
+        targets.extend(host::discover_libibverbs());
+    }
+    if targets.is_empty() {
+        return Err(TracerError::Unavailable("no libibverbs found (ldconfig -p, /usr/lib*/) and no uprobe target configured".into()));
+    }
+    let mut ebpf = load_object(object, &[0; KOFF_COUNT])?;
+    for (name, _, _) in UPROBE_PROGRAMS {
+        let p: &mut UProbe = prog_mut(&mut ebpf, name)?;
+        p.load().map_err(|e| TracerError::Program { prog: name.into(), err: one_line(&e) })?;
+    }
+    let mut att = Vec::new();
+    let mut skipped = Vec::new();
+    for t in &targets {
+        let abs = std::fs::canonicalize(t).unwrap_or_else(|_| t.clone());
+        let elf = match std::fs::read(&abs) {
+            Ok(b) => b,
+            Err(e) => {
+                skipped.push(format!("{}: {e}", t.display()));
+                continue;
+            }
+        };
+        // Resolve every symbol first so a target is attached completely or not at all.
+        let mut plan = Vec::new();
+        let mut missing = None;
+        for (name, sym, required) in UPROBE_PROGRAMS {
+            match host::symbol_file_offset(&elf, sym) {
+                Ok(Some(off)) => plan.push((name, sym, off)),
+                Ok(None) if !required => {}
+                Ok(None) => missing = Some(format!("{}: no symbol {sym}", abs.display())),
+                Err(e) => missing = Some(format!("{}: {e}", abs.display())),
+            }
+        }
+        if let Some(m) = missing {
+            skipped.push(m);
+            continue;
+        }
+        for (name, sym, off) in plan {
+            let p: &mut UProbe = prog_mut(&mut ebpf, name)?;
+            debug_assert!(matches!(p.kind(), ProbeKind::Entry | ProbeKind::Return));
+            p.attach(off, &abs, UProbeScope::AllProcesses)
+                .map_err(|e| TracerError::Program { prog: name.into(), err: format!("attaching to {}:{sym}: {}", abs.display(), one_line(&e)) })?;
+            att.push(format!("{name} -> {}:{sym}", abs.display()));
+        }
+    }
+    if att.is_empty() {
+        return Err(TracerError::Unavailable(format!("no uprobe target usable: {}", skipped.join("; "))));
+    }
+    for s in skipped {
+        tracing::warn!("service tracing: skipped uprobe target {s}");
+    }
+    Ok((ebpf, att))
+}
+
+const BATCH: usize = 4096;
+
+async fn reader(
+    mut afd: tokio::io::unix::AsyncFd<RingBuf<MapData>>,
+    counters: PerCpuArray<MapData, u64>,
+    shared: Arc<Shared>,
+    resolver: Arc<dyn GidResolver>,
+    filter: Arc<dyn QpFilter>,
+    liveness: Duration,
+) {
+    let mut tick = tokio::time::interval(liveness.max(Duration::from_millis(10)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut out = Vec::new();
+    loop {
+        tokio::select! {
+            guard = afd.readable_mut() => {
+                let mut guard = match guard {
+                    Ok(g) => g,
+                    Err(e) => {
+                        tracing::error!("service tracing stopped: ring buffer poll failed: {e}");
+                        return;
+                    }
+                };
+                let rb = guard.get_inner_mut();
+                loop {
+                    let mut n = 0;
+                    {
+                        let mut g = shared.lock();
+                        let Inner { table, log } = &mut *g;
+                        while n < BATCH {
+                            let Some(item) = rb.next() else { break };
+                            table.apply_bytes(&item, &*resolver, &*filter, &mut out);
+                            n += 1;
+                        }
+                        log.record(out.drain(..));
+                    }
+                    if n < BATCH {
+                        break;
+                    }
+                    tokio::task::yield_now().await;
+                }
+                guard.clear_ready();
+                if !shared.lock().log.is_empty() {
+                    shared.notify.notify_waiters();
+                }
+            }
+            _ = tick.tick() => {
+                let sum = |i: u32| counters.get(&i, 0).map(|v| v.iter().sum::<u64>()).unwrap_or(0);
+                let (drops, errs) = (sum(STAT_RINGBUF_DROPS), sum(STAT_READ_ERRORS));
+                let tgids = {
+                    let mut g = shared.lock();
+                    g.table.note_kernel_counters(drops, errs);
+                    g.table.tgids()
+                };
+                // /proc reads happen outside the lock.
+                let verdicts: Vec<(u32, Option<u64>)> = tgids
+                    .into_iter()
+                    .filter_map(|p| match host::process_liveness(p) {
+                        host::Liveness::Gone => Some((p, None)),
+                        host::Liveness::Started(s) => Some((p, Some(s))),
+                        host::Liveness::Unknown => None,
+                    })
+                    .collect();
+                let mut g = shared.lock();
+                let Inner { table, log } = &mut *g;
+                for (p, s) in verdicts {
+                    table.process_gone(p, s, &mut out);
+                }
+                let changed = !out.is_empty();
+                log.record(out.drain(..));
+                drop(g);
+                if changed {
+                    shared.notify.notify_waiters();
+                }
+            }
+        }
+    }
+}
