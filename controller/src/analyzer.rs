@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
-use rpingmesh_proto::controller_agent::PathSummary;
+use rpingmesh_proto::controller_agent::{PathSummary, PinglistType};
 use rpingmesh_proto::operator::TorPairStats;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -72,11 +72,19 @@ struct PathState {
     windows: VecDeque<Window>,
 }
 
+/// (source GID id, target GID id, kind): kind 0 is the ToR-mesh / inter-ToR path (one
+/// (source, target) pair is only ever one of the two), 1 + service id a SERVICE path, so
+/// service windows never overwrite the mesh windows of the same pair.
+type PathKey = (u32, u32, u32);
+
+const SERVICE_TYPE: i32 = PinglistType::Service as i32;
+
 #[derive(Debug, Default)]
 pub struct Analyzer {
     params: AnalyzerParams,
     gid_ids: HashMap<Box<str>, u32>,
-    paths: HashMap<(u32, u32), PathState>,
+    service_ids: HashMap<Box<str>, u32>,
+    paths: HashMap<PathKey, PathState>,
     violations: VecDeque<Violation>,
     summaries_total: u64,
 }
@@ -121,6 +129,18 @@ impl Analyzer {
         id
     }
 
+    fn path_kind(&mut self, s: &PathSummary) -> u32 {
+        if s.pinglist_type != SERVICE_TYPE {
+            return 0;
+        }
+        if let Some(&id) = self.service_ids.get(s.service.as_str()) {
+            return id + 1;
+        }
+        let id = self.service_ids.len() as u32;
+        self.service_ids.insert(s.service.as_str().into(), id);
+        id + 1
+    }
+
     /// Loss and RTT verdicts of one window.
     pub fn check(&self, s: &PathSummary) -> (bool, bool) {
         let loss = s.probe_total > 0
@@ -140,7 +160,11 @@ impl Analyzer {
         for s in batch {
             report.ingested += 1;
             let (loss, rtt) = self.check(&s);
-            let key = (self.intern(&s.source_gid), self.intern(&s.target_gid));
+            let key = (
+                self.intern(&s.source_gid),
+                self.intern(&s.target_gid),
+                self.path_kind(&s),
+            );
             let path = self.paths.entry(key).or_default();
             let start = s.window_start_unix_ns;
             // Newest-first scan: windows nearly always arrive in order.
@@ -236,20 +260,52 @@ impl Analyzer {
             }
         }
         out.sort_by(|a, b| {
-            (&a.source_gid, &a.target_gid, a.window_start_unix_ns).cmp(&(
-                &b.source_gid,
-                &b.target_gid,
-                b.window_start_unix_ns,
-            ))
+            (
+                &a.source_gid,
+                &a.target_gid,
+                a.pinglist_type,
+                &a.service,
+                a.window_start_unix_ns,
+            )
+                .cmp(&(
+                    &b.source_gid,
+                    &b.target_gid,
+                    b.pinglist_type,
+                    &b.service,
+                    b.window_start_unix_ns,
+                ))
         });
         out
     }
 
-    /// Per (source ToR, target ToR) aggregation over the latest window of each path:
-    /// counts summed, loss = failed/total, quantiles = max over paths.
+    /// Latest SERVICE window of (source GID, target GID, service), if any. No
+    /// allocation: all three are looked up by `&str`.
+    pub fn latest_service(
+        &self,
+        source_gid: &str,
+        target_gid: &str,
+        service: &str,
+    ) -> Option<&PathSummary> {
+        let src = *self.gid_ids.get(source_gid)?;
+        let dst = *self.gid_ids.get(target_gid)?;
+        let svc = *self.service_ids.get(service)?;
+        self.paths
+            .get(&(src, dst, svc + 1))?
+            .windows
+            .back()
+            .map(|w| &w.summary)
+    }
+
+    /// Per (source ToR, target ToR) aggregation over the latest window of each ToR-mesh
+    /// and inter-ToR path: counts summed, loss = failed/total, quantiles = max over
+    /// paths. SERVICE windows re-measure those pairs and are left out so that `paths`
+    /// counts network paths, not paths times services; they are in `ListServicePaths`.
     pub fn tor_pairs(&self) -> Vec<TorPairStats> {
         let mut pairs: BTreeMap<(&str, &str), TorPairStats> = BTreeMap::new();
-        for p in self.paths.values() {
+        for (key, p) in &self.paths {
+            if key.2 != 0 {
+                continue;
+            }
             let Some(w) = p.windows.back() else { continue };
             let s = &w.summary;
             let e = pairs
@@ -482,6 +538,36 @@ mod tests {
         assert_eq!(ab.invalid_rtt_count, 2);
         assert_eq!(pairs[1].source_tor_id, "tor-b");
         assert_eq!(pairs[1].loss_ratio, 0.0);
+    }
+
+    fn svc(mut x: PathSummary, name: &str) -> PathSummary {
+        x.pinglist_type = PinglistType::Service as i32;
+        x.service = name.into();
+        x
+    }
+
+    #[test]
+    fn service_windows_do_not_overwrite_mesh_windows() {
+        let mut a = analyzer(5);
+        let mesh = s("a1", "b1", 10, 100, 0, 1_000);
+        let sa = svc(s("a1", "b1", 10, 100, 5, 2_000), "alpha");
+        let sb = svc(s("a1", "b1", 10, 100, 0, 3_000), "beta");
+        a.ingest(vec![mesh.clone(), sa.clone(), sb.clone()], 0);
+        assert_eq!(a.path_count(), 3);
+        let all = a.paths(&PathFilter::default(), false);
+        assert_eq!(all, vec![mesh.clone(), sa.clone(), sb.clone()]);
+        assert_eq!(a.latest_service("a1", "b1", "alpha"), Some(&sa));
+        assert_eq!(a.latest_service("a1", "b1", "beta"), Some(&sb));
+        assert_eq!(a.latest_service("a1", "b1", "gamma"), None);
+        assert_eq!(a.latest_service("b1", "a1", "alpha"), None);
+        // A newer alpha window becomes the latest; the mesh path is untouched.
+        let sa2 = svc(s("a1", "b1", 20, 100, 0, 2_500), "alpha");
+        a.ingest(vec![sa2.clone()], 0);
+        assert_eq!(a.latest_service("a1", "b1", "alpha"), Some(&sa2));
+        // ToR pairs count the mesh path only.
+        let pairs = a.tor_pairs();
+        assert_eq!(pairs.len(), 1);
+        assert_eq!((pairs[0].paths, pairs[0].probe_failed), (1, 0));
     }
 
     #[test]

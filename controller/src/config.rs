@@ -41,6 +41,9 @@ pub const KEYS: &[&str] = &[
     "metrics_enabled",
     "metrics_export_interval_ms",
     "pinglist_seed",
+    "service_flow_ttl_sec",
+    "max_service_flows_per_agent",
+    "max_services",
 ];
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -70,6 +73,12 @@ pub struct ControllerConfig {
     pub metrics_export_interval_ms: u64,
     /// Fixed seed for pinglist randomness (tests); `None` = fresh randomness per request.
     pub pinglist_seed: Option<u64>,
+    /// Service flows of an agent that has not reported for this long are dropped.
+    pub service_flow_ttl_sec: u64,
+    /// Service flows held per agent; new flows beyond it are rejected and counted.
+    pub max_service_flows_per_agent: u32,
+    /// Distinct service names in use at once; further names become "other".
+    pub max_services: u32,
 }
 
 impl Default for ControllerConfig {
@@ -97,6 +106,9 @@ impl Default for ControllerConfig {
             metrics_enabled: true,
             metrics_export_interval_ms: 10_000,
             pinglist_seed: None,
+            service_flow_ttl_sec: 120,
+            max_service_flows_per_agent: 4096,
+            max_services: 64,
         }
     }
 }
@@ -212,6 +224,15 @@ pub struct CliArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pinglist_seed: Option<u64>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub service_flow_ttl_sec: Option<u64>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_service_flows_per_agent: Option<u32>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_services: Option<u32>,
 }
 
 /// A figment provider over an already-built dictionary, with a readable source name
@@ -347,6 +368,15 @@ impl ControllerConfig {
         }
         if self.analyzer_window_retention == 0 {
             return Err(invalid("analyzer_window_retention", "must be >= 1"));
+        }
+        if self.service_flow_ttl_sec == 0 {
+            return Err(invalid("service_flow_ttl_sec", "must be > 0"));
+        }
+        if self.max_service_flows_per_agent == 0 {
+            return Err(invalid("max_service_flows_per_agent", "must be >= 1"));
+        }
+        if self.max_services == 0 {
+            return Err(invalid("max_services", "must be >= 1"));
         }
         if self.metrics_enabled {
             if self.otel_collector_addr.trim().is_empty() {
@@ -731,6 +761,31 @@ mod tests {
             }),
             "tls_ca_file"
         );
+        for (c, key) in [
+            (
+                ControllerConfig {
+                    service_flow_ttl_sec: 0,
+                    ..d()
+                },
+                "service_flow_ttl_sec",
+            ),
+            (
+                ControllerConfig {
+                    max_service_flows_per_agent: 0,
+                    ..d()
+                },
+                "max_service_flows_per_agent",
+            ),
+            (
+                ControllerConfig {
+                    max_services: 0,
+                    ..d()
+                },
+                "max_services",
+            ),
+        ] {
+            assert_eq!(key_of(c), key);
+        }
         assert_eq!(
             key_of(ControllerConfig {
                 metrics_export_interval_ms: 0,

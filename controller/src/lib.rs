@@ -1,7 +1,8 @@
 //! rpingmesh-controller: RNIC registry (SQLite behind a trait, in-memory index),
 //! pinglists with ECMP flow-label coverage, the Phase 1 analyzer and the operator API.
 //!
-//! Pure parts (`ecmp`, `pinglist`, `analyzer`, `registry::RegistryIndex`) do no I/O;
+//! Pure parts (`ecmp`, `pinglist`, `analyzer`, `service_paths`, `registry::RegistryIndex`)
+//! do no I/O;
 //! `service` and `server` are the thin gRPC layer over them.
 
 pub mod analyzer;
@@ -11,6 +12,7 @@ pub mod pinglist;
 pub mod registry;
 pub mod server;
 pub mod service;
+pub mod service_paths;
 pub mod telemetry;
 
 pub use config::{CliArgs, ControllerConfig};

@@ -103,6 +103,10 @@ pub async fn start_with_state(
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
+                let expired = state.expire_service_flows();
+                if expired > 0 {
+                    tracing::info!(flows = expired, "expired service flows of silent agents");
+                }
                 let st = state.clone();
                 match tokio::task::spawn_blocking(move || st.remove_stale()).await {
                     Ok(Ok(0)) => {}

@@ -14,13 +14,14 @@ use rpingmesh_proto::controller_agent::controller_service_server::ControllerServ
 use rpingmesh_proto::controller_agent::{
     AgentRegistrationRequest, AgentRegistrationResponse, PathSummary, PinglistRequest,
     PinglistResponse, PinglistType, ProbeAnalysisAck, ProbeAnalysisReport, RnicInfo,
+    ServiceFlowAck, ServiceFlowReport,
 };
 use rpingmesh_proto::gid::normalize_gid;
 use rpingmesh_proto::operator::operator_service_server::OperatorService;
 use rpingmesh_proto::operator::{
-    ListPathsRequest, ListPathsResponse, ListRnicsRequest, ListRnicsResponse, ListTorPairsRequest,
-    ListTorPairsResponse, ListViolationsRequest, ListViolationsResponse, RnicStatus,
-    Violation as ViolationMsg,
+    ListPathsRequest, ListPathsResponse, ListRnicsRequest, ListRnicsResponse,
+    ListServicePathsRequest, ListServicePathsResponse, ListTorPairsRequest, ListTorPairsResponse,
+    ListViolationsRequest, ListViolationsResponse, RnicStatus, Violation as ViolationMsg,
 };
 
 use crate::analyzer::{Analyzer, AnalyzerParams, PathFilter};
@@ -28,6 +29,7 @@ use crate::config::ControllerConfig;
 use crate::ecmp;
 use crate::pinglist::{self, PinglistParams};
 use crate::registry::{self, AgentRecord, IndexedRegistry, Registry, RegistryError, RnicRecord};
+use crate::service_paths::{ServicePathFilter, ServicePathParams, ServicePathTable, OTHER_SERVICE};
 use crate::telemetry::AnalyzerMetrics;
 
 /// Wall clock in Unix nanoseconds; injectable so tests can age registrations.
@@ -53,6 +55,8 @@ pub struct ControllerState {
     pub stale_threshold_sec: u64,
     /// Summaries dropped because of an invalid GID (counted, logged).
     pub dropped_summaries: AtomicU64,
+    /// Live service paths. Lock order: registry index first, then this, then the analyzer.
+    pub service_paths: Mutex<ServicePathTable>,
     clock: Clock,
 }
 
@@ -96,6 +100,11 @@ impl ControllerState {
             pinglist_seed: cfg.pinglist_seed,
             stale_threshold_sec: cfg.stale_threshold_sec,
             dropped_summaries: AtomicU64::new(0),
+            service_paths: Mutex::new(ServicePathTable::new(ServicePathParams {
+                flow_ttl_sec: cfg.service_flow_ttl_sec,
+                max_flows_per_agent: cfg.max_service_flows_per_agent as usize,
+                max_services: cfg.max_services as usize,
+            })),
             clock,
         })
     }
@@ -106,6 +115,17 @@ impl ControllerState {
 
     pub fn now_sec(&self) -> u64 {
         self.now_ns() / 1_000_000_000
+    }
+
+    /// The service-path table (poisoning is ignored: every update leaves it consistent).
+    pub fn service_table(&self) -> std::sync::MutexGuard<'_, ServicePathTable> {
+        self.service_paths.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Drops the service flows of agents silent past `service_flow_ttl_sec`.
+    pub fn expire_service_flows(&self) -> usize {
+        let now = self.now_ns();
+        self.service_table().expire(now)
     }
 
     /// One stale sweep; returns the RNICs removed.
@@ -175,12 +195,68 @@ pub struct OperatorSvc(pub Arc<ControllerState>);
 
 #[tonic::async_trait]
 impl ControllerService for ControllerSvc {
-    // TEMP until service paths land (issue 3).
     async fn report_service_flows(
         &self,
-        _request: Request<rpingmesh_proto::controller_agent::ServiceFlowReport>,
-    ) -> Result<Response<rpingmesh_proto::controller_agent::ServiceFlowAck>, Status> {
-        Err(Status::unimplemented("service flows are not supported yet"))
+        request: Request<ServiceFlowReport>,
+    ) -> Result<Response<ServiceFlowAck>, Status> {
+        let req = request.into_inner();
+        if req.agent_id.trim().is_empty() {
+            return Err(Status::invalid_argument(
+                "service flow report: agent_id is empty",
+            ));
+        }
+        let st = &self.0;
+        let agent_id = req.agent_id.clone();
+        let (full_sync, n_up, n_rm) = (req.full_sync, req.upserts.len(), req.removals.len());
+        let now = st.now_ns();
+        let out = {
+            let idx = st.registry.index();
+            if idx.agent(&agent_id).is_none() {
+                return Err(Status::not_found(format!(
+                    "service flow report: agent {agent_id:?} is not registered (register first)"
+                )));
+            }
+            st.service_table()
+                .apply(&agent_id, idx.agent_gids(&agent_id), req, now)
+        };
+        if out.dropped_bad_gid > 0 {
+            tracing::warn!(
+                agent_id = %agent_id,
+                dropped = out.dropped_bad_gid,
+                example = %out.example_bad_gid.as_deref().unwrap_or_default(),
+                "dropped service flows with invalid GIDs"
+            );
+        }
+        if let Some(g) = &out.first_foreign_source {
+            // Once per agent: a tracer seeing other hosts' GIDs would otherwise flood.
+            tracing::warn!(
+                agent_id = %agent_id,
+                local_gid = %g,
+                "dropped service flows whose local GID is not one of the agent's registered RNICs (logged once per agent)"
+            );
+        }
+        if out.rejected_over_limit > 0 {
+            tracing::warn!(
+                agent_id = %agent_id,
+                rejected = out.rejected_over_limit,
+                flows_known = out.flows_known,
+                "service flows over max_service_flows_per_agent rejected"
+            );
+        }
+        tracing::debug!(
+            agent_id = %agent_id,
+            full_sync,
+            upserts = n_up,
+            removals = n_rm,
+            flows_known = out.flows_known,
+            resync_required = out.resync_required,
+            "service flows reported"
+        );
+        Ok(Response::new(ServiceFlowAck {
+            accepted: true,
+            resync_required: out.resync_required,
+            flows_known: out.flows_known,
+        }))
     }
 
     async fn register_agent(
@@ -308,8 +384,28 @@ impl ControllerService for ControllerSvc {
                 pinglist::tor_mesh(&idx, &tor, &exclude, now, &st.pinglist, &mut rng)
             }
             PinglistType::InterTor => pinglist::inter_tor(&idx, &tor, now, &st.pinglist, &mut rng),
-            // TEMP until service paths land (issue 3).
-            PinglistType::Service => Vec::new(),
+            PinglistType::Service => {
+                let sources: Vec<&str> = match &requester {
+                    Some(g) => vec![g.as_str()],
+                    None => exclude.clone(),
+                };
+                let now_ns = st.now_ns();
+                let table = st.service_table();
+                let mut out = Vec::new();
+                for g in sources {
+                    let Some(owner) = idx.rnic(g).map(|r| r.agent_id.as_str()) else {
+                        continue;
+                    };
+                    out.extend(table.pinglist(
+                        &idx,
+                        owner,
+                        g,
+                        now_ns,
+                        st.pinglist.active_threshold_sec,
+                    ));
+                }
+                out
+            }
         };
         drop(idx);
         Ok(Response::new(PinglistResponse {
@@ -349,10 +445,26 @@ impl ControllerService for ControllerSvc {
             .unwrap_or_else(|e| e.into_inner())
             .ingest(batch, now_ns);
         st.metrics.summaries_ingested(report.ingested as u64);
+        let has_service = report
+            .violations
+            .iter()
+            .any(|v| v.summary.pinglist_type == PinglistType::Service as i32);
+        // Agent-supplied names become metric attributes only when the table hands them out.
+        let table = has_service.then(|| st.service_table());
         for v in &report.violations {
             let s = &v.summary;
+            let service = match &table {
+                Some(t) if s.pinglist_type == PinglistType::Service as i32 => {
+                    Some(if t.is_known_service(&s.service) {
+                        s.service.as_str()
+                    } else {
+                        OTHER_SERVICE
+                    })
+                }
+                _ => None,
+            };
             st.metrics
-                .violation(&s.source_tor_id, &s.target_tor_id, v.kind);
+                .violation(&s.source_tor_id, &s.target_tor_id, v.kind, service);
             tracing::warn!(
                 kind = v.kind.as_str(),
                 source_gid = %s.source_gid,
@@ -363,9 +475,11 @@ impl ControllerService for ControllerSvc {
                 probe_total = s.probe_total,
                 probe_failed = s.probe_failed,
                 network_rtt_p99_ns = s.network_rtt_p99_ns,
+                service = %s.service,
                 "SLA violation"
             );
         }
+        drop(table);
         if dropped > 0 {
             st.dropped_summaries
                 .fetch_add(dropped as u64, Ordering::Relaxed);
@@ -393,12 +507,33 @@ fn optional_gid(field: &str, text: &str) -> Result<String, Status> {
 
 #[tonic::async_trait]
 impl OperatorService for OperatorSvc {
-    // TEMP until service paths land (issue 3).
     async fn list_service_paths(
         &self,
-        _request: Request<rpingmesh_proto::operator::ListServicePathsRequest>,
-    ) -> Result<Response<rpingmesh_proto::operator::ListServicePathsResponse>, Status> {
-        Err(Status::unimplemented("service paths are not supported yet"))
+        request: Request<ListServicePathsRequest>,
+    ) -> Result<Response<ListServicePathsResponse>, Status> {
+        let req = request.into_inner();
+        let gid = optional_gid("gid", &req.gid)?;
+        let st = &self.0;
+        let now = st.now_ns();
+        let mut paths = {
+            let idx = st.registry.index();
+            let filter = ServicePathFilter {
+                service: &req.service,
+                gid: &gid,
+                source_tor_id: &req.source_tor_id,
+                target_tor_id: &req.target_tor_id,
+            };
+            st.service_table().list(&idx, &filter, now)
+        };
+        if let Some(a) = &st.analyzer {
+            let a = a.lock().unwrap_or_else(|e| e.into_inner());
+            for p in &mut paths {
+                p.latest = a
+                    .latest_service(&p.source_gid, &p.target_gid, &p.service)
+                    .cloned();
+            }
+        }
+        Ok(Response::new(ListServicePathsResponse { paths }))
     }
 
     async fn list_paths(

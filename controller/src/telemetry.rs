@@ -50,15 +50,24 @@ impl AnalyzerMetrics {
         }
     }
 
-    pub fn violation(&self, source_tor: &str, target_tor: &str, kind: ViolationKind) {
-        self.violations.add(
-            1,
-            &[
-                KeyValue::new("source_tor", source_tor.to_string()),
-                KeyValue::new("target_tor", target_tor.to_string()),
-                KeyValue::new("kind", kind.as_str()),
-            ],
-        );
+    /// `service` is set for SERVICE paths only, and must already be bounded (a name the
+    /// service-path table hands out, or "other").
+    pub fn violation(
+        &self,
+        source_tor: &str,
+        target_tor: &str,
+        kind: ViolationKind,
+        service: Option<&str>,
+    ) {
+        let mut attrs = vec![
+            KeyValue::new("source_tor", source_tor.to_string()),
+            KeyValue::new("target_tor", target_tor.to_string()),
+            KeyValue::new("kind", kind.as_str()),
+        ];
+        if let Some(s) = service {
+            attrs.push(KeyValue::new("service", s.to_string()));
+        }
+        self.violations.add(1, &attrs);
     }
 }
 

@@ -9,17 +9,23 @@
 //! - analyzer_ingest: PathSummary ingest rate on one thread vs. moving the same
 //!   summaries into a Vec.
 //!
+//! - service_flows: ReportServiceFlows table updates (full syncs of every agent, GIDs in
+//!   compressed form so they are parsed) in flows/s on one thread vs. moving the same
+//!   reports into a Vec, and SERVICE pinglist construction time per requester.
+//!
 //! `--quick` runs a smaller version (CI smoke). Run in release: `cargo xtask bench`.
 
 use std::time::{Duration, Instant};
 
 use rpingmesh_controller::analyzer::{Analyzer, AnalyzerParams};
-use rpingmesh_controller::registry::{AgentRecord, RnicRecord};
+use rpingmesh_controller::registry::{AgentRecord, RegistryIndex, RnicRecord};
+use rpingmesh_controller::service_paths::{ServicePathParams, ServicePathTable};
 use rpingmesh_controller::telemetry::AnalyzerMetrics;
 use rpingmesh_controller::{start, ControllerConfig, ServerHandle};
 use rpingmesh_proto::controller_agent::controller_service_client::ControllerServiceClient;
 use rpingmesh_proto::controller_agent::{
-    AgentRegistrationRequest, PathSummary, PinglistRequest, PinglistType, RnicInfo,
+    AgentRegistrationRequest, PathSummary, PinglistRequest, PinglistType, RnicInfo, ServiceFlow,
+    ServiceFlowReport,
 };
 use rpingmesh_proto::gid::format_gid;
 use rpingmesh_proto::operator::operator_service_client::OperatorServiceClient;
@@ -342,6 +348,101 @@ fn bench_ingest(paths: u64, windows: u64, reps: usize) {
     }));
 }
 
+fn service_reports(agents: u64, flows: u64) -> Vec<ServiceFlowReport> {
+    (0..agents)
+        .map(|a| ServiceFlowReport {
+            agent_id: format!("agent-{a}"),
+            full_sync: true,
+            upserts: (0..flows)
+                .map(|f| {
+                    let remote = (a + 1 + f % 64) % agents;
+                    ServiceFlow {
+                        // Compressed text: the controller has to parse it.
+                        local_gid: format!("fd00::{:x}:{:x}", a >> 16, a & 0xffff),
+                        local_qpn: 1000 + f as u32,
+                        remote_gid: format!("fd00::{:x}:{:x}", remote >> 16, remote & 0xffff),
+                        remote_qpn: 2000 + f as u32,
+                        flow_label: (f * 7919) as u32 & 0xF_FFFF,
+                        traffic_class: 96,
+                        service_level: 3,
+                        comm: format!("svc-{}", f % 8),
+                        ..Default::default()
+                    }
+                })
+                .collect(),
+            removals: Vec::new(),
+        })
+        .collect()
+}
+
+fn bench_service_flows(agents: u64, flows: u64, reps: usize) {
+    let now_sec = 1_700_000_000u64;
+    let mut idx = RegistryIndex::default();
+    for a in 0..agents {
+        let agent = AgentRecord {
+            agent_id: format!("agent-{a}"),
+            tor_id: format!("tor-{}", a / 16),
+            ..Default::default()
+        };
+        let r = RnicRecord {
+            gid: gid_of(a),
+            qpn: 1000,
+            ip_address: "127.0.0.1".into(),
+            host_name: format!("host-{a}"),
+            tor_id: agent.tor_id.clone(),
+            device_name: "mlx5_0".into(),
+            agent_id: agent.agent_id.clone(),
+            last_updated: 0,
+        };
+        idx.register_agent(&agent, &[r], now_sec);
+    }
+    let total = agents * flows;
+    let (mut rates, mut base_rates, mut pl_ns) = (Vec::new(), Vec::new(), Vec::new());
+    let mut targets = 0usize;
+    for _ in 0..reps {
+        let input = service_reports(agents, flows);
+        let mut t = ServicePathTable::new(ServicePathParams::default());
+        let now = now_sec * 1_000_000_000;
+        let start = Instant::now();
+        for r in input {
+            let id = r.agent_id.clone();
+            let out = t.apply(&id, idx.agent_gids(&id), r, now);
+            assert_eq!(out.flows_known as u64, flows.min(4096));
+        }
+        rates.push(total as f64 / start.elapsed().as_secs_f64());
+        let start = Instant::now();
+        for a in 0..agents {
+            let id = format!("agent-{a}");
+            targets += t.pinglist(&idx, &id, &gid_of(a), now, 300).len();
+        }
+        pl_ns.push(start.elapsed().as_nanos() as f64 / agents as f64);
+        drop(t);
+
+        let input = service_reports(agents, flows);
+        let mut sink: Vec<ServiceFlow> = Vec::new();
+        let start = Instant::now();
+        for r in input {
+            sink.extend(r.upserts);
+        }
+        base_rates.push(total as f64 / start.elapsed().as_secs_f64());
+        std::hint::black_box(&sink);
+    }
+    let (r, b) = (median(rates), median(base_rates));
+    emit(json!({
+        "bench": "service_flows",
+        "agents": agents,
+        "flows_per_agent": flows,
+        "reps": reps,
+        "apply_flows_per_sec": r,
+        "baseline": "Vec::extend with the same flows",
+        "baseline_per_sec": b,
+        "ratio": r / b,
+        "service_pinglist_avg_ns": median(pl_ns),
+        "avg_service_targets": targets as f64 / (agents as f64 * reps as f64),
+        "threads": 1,
+    }));
+}
+
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     if let Some(bad) = std::env::args().skip(1).find(|a| a != "--quick") {
@@ -351,8 +452,10 @@ fn main() {
     // The analyzer bench is single-threaded by design; run it before the runtime exists.
     if quick {
         bench_ingest(1_000, 10, 3);
+        bench_service_flows(200, 256, 3);
     } else {
         bench_ingest(5_000, 40, 3);
+        bench_service_flows(2_000, 1_024, 3);
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
