@@ -1,0 +1,722 @@
+//! `cargo xtask bench`: controller-bench and agent-bench (JSON lines), the agent footprint
+//! bench (CPU and RSS of an agent probing 64 targets at 10/s each), written to BENCHMARKS.md.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use rpingmesh_proto::operator::{ListPathsRequest, ListRnicsRequest};
+use serde_json::{Map, Value};
+
+use crate::procs::{self, Proc};
+
+#[derive(Args)]
+pub struct BenchArgs {
+    /// One short run of everything (smoke test of the benches) instead of repeated runs.
+    #[arg(long)]
+    quick: bool,
+}
+
+const TARGETS: usize = 64;
+const RATE_PER_TARGET: f64 = 10.0;
+const CPU_TARGET_PCT: f64 = 1.0;
+const RSS_TARGET_MIB: f64 = 20.0;
+const SAMPLE: Duration = Duration::from_secs(20);
+
+pub fn run(a: BenchArgs) -> Result<()> {
+    let mut build = crate::cargo();
+    build.args(["build", "--release", "-p", "rpingmesh-controller", "-p", "rpingmesh-agent"]);
+    crate::run_streamed(build, "cargo build --release (controller, agent, benches)")?;
+    let runs = if a.quick { 1 } else { 3 };
+    let mut failures = Vec::new();
+
+    let mut sections = Vec::new();
+    for bin in ["controller-bench", "agent-bench"] {
+        // Both benches repeat internally and print medians: one invocation each.
+        let args: &[&str] = match (bin, a.quick) {
+            ("controller-bench", true) => &["--quick"],
+            ("agent-bench", true) => &["--runs", "1", "--seconds-per-run", "2"],
+            _ => &[],
+        };
+        let res = json_bench(bin, args, 1);
+        if let Err(e) = &res {
+            eprintln!("xtask bench: {bin} failed: {e:#}");
+            failures.push(format!("{bin}: {e:#}"));
+        }
+        sections.push((bin, res));
+    }
+    let footprint = (0..runs)
+        .map(|i| {
+            eprintln!("xtask bench: agent footprint, run {}/{runs}", i + 1);
+            footprint_run()
+        })
+        .collect::<Result<Vec<_>>>();
+    if let Err(e) = &footprint {
+        eprintln!("xtask bench: footprint failed: {e:#}");
+        failures.push(format!("footprint: {e:#}"));
+    }
+
+    let md = render_markdown(a.quick, runs, &sections, &footprint);
+    let path = crate::root().join("BENCHMARKS.md");
+    std::fs::write(&path, &md).with_context(|| format!("writing {}", path.display()))?;
+    println!("{md}");
+    eprintln!("xtask bench: wrote {}", path.display());
+    if !failures.is_empty() {
+        bail!("{} bench(es) failed: {}", failures.len(), failures.join("; "));
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// JSON-lines benches
+
+type Line = Map<String, Value>;
+
+/// Runs a bench binary `runs` times; returns per-line medians over the runs.
+fn json_bench(bin: &str, args: &[&str], runs: usize) -> Result<Vec<Line>> {
+    let exe = procs::release_bin(bin)?;
+    let mut all_runs = Vec::new();
+    for i in 0..runs {
+        eprintln!("xtask bench: {bin} run {}/{runs}", i + 1);
+        let mut cmd = Command::new(&exe);
+        cmd.args(args);
+        cmd.current_dir(crate::root())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        let mut child = cmd.spawn().with_context(|| format!("starting {}", exe.display()))?;
+        let mut lines = Vec::new();
+        for l in BufReader::new(child.stdout.take().expect("piped")).lines() {
+            let l = l?;
+            match serde_json::from_str::<Value>(&l) {
+                Ok(Value::Object(m)) => {
+                    eprintln!("  {l}");
+                    lines.push(m)
+                }
+                _ => eprintln!("  {bin}: {l}"),
+            }
+        }
+        let st = child.wait()?;
+        if !st.success() {
+            bail!("{bin} exited with {st}");
+        }
+        if lines.is_empty() {
+            bail!("{bin} printed no JSON lines");
+        }
+        all_runs.push(lines);
+    }
+    Ok(median_lines(&all_runs))
+}
+
+/// Identity of a line across runs: its string fields, plus its rank among lines with the
+/// same string fields.
+fn line_keys(lines: &[Line]) -> Vec<String> {
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    lines
+        .iter()
+        .map(|l| {
+            let base: Vec<String> = l
+                .iter()
+                .filter(|(_, v)| v.is_string())
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
+            let base = base.join(",");
+            let n = seen.entry(base.clone()).or_default();
+            *n += 1;
+            format!("{base}#{n}")
+        })
+        .collect()
+}
+
+/// Median of every numeric field over the runs, keeping the first run's line order.
+pub fn median_lines(runs: &[Vec<Line>]) -> Vec<Line> {
+    let Some(first) = runs.first() else {
+        return Vec::new();
+    };
+    let keyed: Vec<BTreeMap<String, &Line>> = runs
+        .iter()
+        .map(|r| line_keys(r).into_iter().zip(r.iter()).collect())
+        .collect();
+    let mut out = Vec::new();
+    for (key, line) in line_keys(first).into_iter().zip(first.iter()) {
+        let mut m = Line::new();
+        for (k, v) in line {
+            if v.is_number() {
+                let mut xs: Vec<f64> = keyed
+                    .iter()
+                    .filter_map(|r| r.get(&key)?.get(k)?.as_f64())
+                    .collect();
+                xs.sort_by(|a, b| a.total_cmp(b));
+                let med = xs[xs.len() / 2];
+                let keep_int = v.is_u64() || v.is_i64();
+                m.insert(
+                    k.clone(),
+                    if keep_int {
+                        Value::from(med.round() as i64)
+                    } else {
+                        Value::from(med)
+                    },
+                );
+            } else {
+                m.insert(k.clone(), v.clone());
+            }
+        }
+        out.push(m);
+    }
+    out
+}
+
+fn cell(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Number(n) => match n.as_f64() {
+            Some(f) if n.is_f64() => {
+                if f.abs() >= 100.0 {
+                    format!("{f:.0}")
+                } else if f.abs() >= 1.0 {
+                    format!("{f:.2}")
+                } else {
+                    format!("{f:.4}")
+                }
+            }
+            _ => n.to_string(),
+        },
+        other => other.to_string(),
+    }
+}
+
+/// A markdown table whose columns are the union of the lines' keys in first-seen order.
+pub fn json_table(lines: &[Line]) -> String {
+    let mut cols: Vec<&str> = Vec::new();
+    for l in lines {
+        for k in l.keys() {
+            if !cols.contains(&k.as_str()) {
+                cols.push(k);
+            }
+        }
+    }
+    let mut s = format!("| {} |\n|{}\n", cols.join(" | "), "---|".repeat(cols.len()));
+    for l in lines {
+        let row: Vec<String> = cols
+            .iter()
+            .map(|c| l.get(*c).map(cell).unwrap_or_default().replace('|', "\\|"))
+            .collect();
+        let _ = writeln!(s, "| {} |", row.join(" | "));
+    }
+    s
+}
+
+// ---------------------------------------------------------------------------------------
+// Agent footprint
+
+#[derive(Debug, Clone)]
+pub struct Footprint {
+    cpu_pct: f64,
+    rss_mib: f64,
+    probes_per_sec: f64,
+    targets_probed: usize,
+    sleep_rss_mib: f64,
+}
+
+/// utime + stime of a process, in clock ticks (fields 14 and 15 of /proc/<pid>/stat).
+pub fn parse_stat_ticks(stat: &str) -> Option<u64> {
+    // The command name (field 2) may contain spaces and parentheses: split after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // rest starts at field 3 (state): utime is field 14 -> index 11.
+    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+}
+
+/// VmRSS in KiB from /proc/<pid>/status.
+pub fn parse_vmrss_kib(status: &str) -> Option<u64> {
+    status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+fn cpu_ticks(pid: u32) -> Result<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    parse_stat_ticks(&s).context("unparsable /proc/<pid>/stat")
+}
+
+fn rss_kib(pid: u32) -> Result<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    parse_vmrss_kib(&s).context("no VmRSS in /proc/<pid>/status")
+}
+
+fn footprint_run() -> Result<Footprint> {
+    let controller_bin = procs::release_bin("rpingmesh-controller")?;
+    let agent_bin = procs::release_bin("rpingmesh-agent")?;
+    let tmp = tempfile::Builder::new().prefix("rpingmesh-bench-").tempdir()?;
+    let dir = tmp.path();
+    let mut all: Vec<Proc> = Vec::new();
+    all.push(Proc::spawn(
+        dir,
+        "controller",
+        &controller_bin,
+        &[
+            "--listen-addr", "127.0.0.1:0", "--database-uri", "sqlite::memory:",
+            "--metrics-enabled", "false", "--log-level", "info",
+        ]
+        .map(String::from),
+    )?);
+    let addr = procs::wait_listening(&mut all[0], Duration::from_secs(20))?;
+    let caddr = addr.to_string();
+    let responders: Vec<String> = (1..=TARGETS)
+        .map(|i| Ipv4Addr::new(127, 0, 2, i as u8).to_string())
+        .collect();
+    let mut resp_args: Vec<String> = [
+        "--agent-id", "responder", "--tor-id", "t1", "--controller-addr", &caddr,
+        "--udp-port", "18515", "--transport", "udp", "--metrics-enabled", "false",
+        "--log-level", "warn", "--responder-only", "true",
+    ]
+    .map(String::from)
+    .to_vec();
+    resp_args.push("--udp-addresses".into());
+    resp_args.push(responders.join(","));
+    all.push(Proc::spawn(dir, "responder", &agent_bin, &resp_args)?);
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let res = (|| -> Result<Footprint> {
+        rt.block_on(wait_rnics(addr, TARGETS, Duration::from_secs(30), &mut all))?;
+        let measured_args = [
+            "--agent-id", "measured", "--tor-id", "t1", "--controller-addr", &caddr,
+            "--udp-addresses", "127.0.3.1", "--udp-port", "18515", "--transport", "udp",
+            "--tor-mesh-probe-rate-per-second", "10", "--probe-interval-ms", "100",
+            "--analysis-window-sec", "5", "--metrics-enabled", "false", "--log-level", "warn",
+        ]
+        .map(String::from);
+        all.push(Proc::spawn(dir, "measured", &agent_bin, &measured_args)?);
+        let pid = all[2].pid();
+        // Warm-up: until the measured agent reports successful paths to every target.
+        rt.block_on(wait_targets(addr, TARGETS, Duration::from_secs(45), &mut all))?;
+        std::thread::sleep(Duration::from_secs(2));
+
+        let mut sleeper = Command::new("sleep")
+            .arg("120")
+            .stdin(Stdio::null())
+            .spawn()
+            .context("starting the `sleep` baseline")?;
+        let start_unix = unix_ns();
+        let t0 = Instant::now();
+        let c0 = cpu_ticks(pid)?;
+        let mut rss = Vec::new();
+        while t0.elapsed() < SAMPLE {
+            std::thread::sleep(Duration::from_secs(1));
+            rss.push(rss_kib(pid)?);
+        }
+        let c1 = cpu_ticks(pid)?;
+        let wall = t0.elapsed().as_secs_f64();
+        let sleep_rss = rss_kib(sleeper.id()).unwrap_or(0);
+        let _ = sleeper.kill();
+        let _ = sleeper.wait();
+        // SAFETY: sysconf has no preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+        let cpu_pct = (c1 - c0) as f64 / hz / wall * 100.0;
+        rss.sort_unstable();
+        let rss_med = rss[rss.len() / 2];
+        let (rate, targets) = rt.block_on(probe_rate(addr, start_unix))?;
+        for p in all.iter_mut() {
+            if let Some(st) = p.exit_status() {
+                bail!("{} exited ({st}) during the bench:\n{}", p.name, p.log_tail(20));
+            }
+        }
+        let f = Footprint {
+            cpu_pct,
+            rss_mib: rss_med as f64 / 1024.0,
+            probes_per_sec: rate,
+            targets_probed: targets,
+            sleep_rss_mib: sleep_rss as f64 / 1024.0,
+        };
+        eprintln!("  {f:?}");
+        Ok(f)
+    })();
+    procs::stop_all(&mut all);
+    res
+}
+
+fn unix_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+fn check_alive(all: &mut [Proc]) -> Result<()> {
+    for p in all.iter_mut() {
+        if let Some(st) = p.exit_status() {
+            bail!("{} exited ({st}):\n{}", p.name, p.log_tail(20));
+        }
+    }
+    Ok(())
+}
+
+async fn wait_rnics(addr: SocketAddr, n: usize, timeout: Duration, all: &mut [Proc]) -> Result<()> {
+    let mut op = procs::operator(addr).await?;
+    let deadline = Instant::now() + timeout;
+    loop {
+        check_alive(all)?;
+        let got = op
+            .list_rnics(ListRnicsRequest::default())
+            .await
+            .map(|r| r.into_inner().rnics.len())
+            .unwrap_or(0);
+        if got >= n {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            bail!("only {got} of {n} responder RNICs registered within {timeout:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+const MEASURED_GID: &str = "0000:0000:0000:0000:0000:ffff:7f00:0301"; // 127.0.3.1
+
+async fn wait_targets(addr: SocketAddr, n: usize, timeout: Duration, all: &mut [Proc]) -> Result<()> {
+    let mut op = procs::operator(addr).await?;
+    let deadline = Instant::now() + timeout;
+    loop {
+        check_alive(all)?;
+        let got = op
+            .list_paths(ListPathsRequest {
+                source_gid: MEASURED_GID.into(),
+                ..Default::default()
+            })
+            .await
+            .map(|r| {
+                r.into_inner()
+                    .paths
+                    .iter()
+                    .filter(|p| p.probe_success > 0)
+                    .count()
+            })
+            .unwrap_or(0);
+        if got >= n {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            bail!("the measured agent reached only {got} of {n} targets within {timeout:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Achieved probe rate (all targets) and number of targets probed, from the windows that
+/// started during sampling.
+async fn probe_rate(addr: SocketAddr, since_ns: u64) -> Result<(f64, usize)> {
+    let mut op = procs::operator(addr).await?;
+    let paths = op
+        .list_paths(ListPathsRequest {
+            source_gid: MEASURED_GID.into(),
+            all_windows: true,
+            ..Default::default()
+        })
+        .await?
+        .into_inner()
+        .paths;
+    let mut per_target: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    let mut windows = std::collections::BTreeSet::new();
+    for p in paths.iter().filter(|p| p.window_start_unix_ns >= since_ns) {
+        if !windows.insert((p.target_gid.clone(), p.window_start_unix_ns)) {
+            continue;
+        }
+        let e = per_target.entry(p.target_gid.clone()).or_default();
+        e.0 += p.probe_total as u64;
+        e.1 += p.window_duration_ms as u64;
+    }
+    let rate = per_target
+        .values()
+        .filter(|(_, ms)| *ms > 0)
+        .map(|(n, ms)| *n as f64 / (*ms as f64 / 1000.0))
+        .sum();
+    Ok((rate, per_target.len()))
+}
+
+fn median_f(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+// ---------------------------------------------------------------------------------------
+// BENCHMARKS.md
+
+fn machine() -> String {
+    let nproc = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into());
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    format!("{cpu}, nproc {nproc}, kernel {kernel}")
+}
+
+fn today() -> String {
+    Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| format!("unix time {}", unix_ns() / 1_000_000_000))
+}
+
+fn render_markdown(
+    quick: bool,
+    runs: usize,
+    sections: &[(&str, Result<Vec<Line>>)],
+    footprint: &Result<Vec<Footprint>>,
+) -> String {
+    let mut s = String::from("# Benchmarks\n\n");
+    let _ = writeln!(
+        s,
+        "Written by `cargo xtask bench{}` on {} — machine: {}.\n\
+         Footprint numbers are medians of {runs} run(s); controller-bench and agent-bench \
+         repeat internally and report their own medians{}.\n",
+        if quick { " --quick" } else { "" },
+        today(),
+        machine(),
+        if quick { " (quick mode: a smoke test, not a measurement)" } else { "" }
+    );
+
+    s += &summary_table(sections, footprint);
+    s += "## Agent footprint: 64 targets at 10 probes/s each over udp (loopback)\n\n";
+    s += "A responder-only agent hosts 64 pseudo-RNICs (127.0.2.1-64, ToR t1); the measured \
+          agent (127.0.3.1, ToR t1, probe interval 100 ms, ToR-mesh rate 10/s) probes all \
+          of them. CPU is utime+stime from /proc/<pid>/stat over 20 s after warm-up, RSS \
+          is VmRSS (median of 1 s samples).\n\n";
+    match footprint {
+        Ok(runs) if !runs.is_empty() => {
+            let cpu = median_f(runs.iter().map(|r| r.cpu_pct).collect());
+            let rss = median_f(runs.iter().map(|r| r.rss_mib).collect());
+            let rate = median_f(runs.iter().map(|r| r.probes_per_sec).collect());
+            let sleep = median_f(runs.iter().map(|r| r.sleep_rss_mib).collect());
+            let targets = runs.iter().map(|r| r.targets_probed).min().unwrap_or(0);
+            let want_rate = TARGETS as f64 * RATE_PER_TARGET;
+            s += "| metric | measured | target | ratio to target |\n|---|---|---|---|\n";
+            let _ = writeln!(
+                s,
+                "| CPU, % of one core | {cpu:.3} | < {CPU_TARGET_PCT} | {:.2} ({}) |",
+                cpu / CPU_TARGET_PCT,
+                verdict(cpu < CPU_TARGET_PCT)
+            );
+            let _ = writeln!(
+                s,
+                "| RSS (VmRSS) | {rss:.1} MiB | < {RSS_TARGET_MIB} MiB | {:.2} ({}) |",
+                rss / RSS_TARGET_MIB,
+                verdict(rss < RSS_TARGET_MIB)
+            );
+            let _ = writeln!(
+                s,
+                "| probes/s achieved (all targets) | {rate:.0} | {want_rate:.0} | {:.2} |",
+                rate / want_rate
+            );
+            let _ = writeln!(s, "| targets probed (min over runs) | {targets} | {TARGETS} | |");
+            let _ = writeln!(
+                s,
+                "| baseline: RSS of `sleep` | {sleep:.1} MiB | | |\n"
+            );
+            s += "Per run: ";
+            let per: Vec<String> = runs
+                .iter()
+                .map(|r| format!("CPU {:.3}% / RSS {:.1} MiB / {:.0} probes/s", r.cpu_pct, r.rss_mib, r.probes_per_sec))
+                .collect();
+            s += &per.join("; ");
+            s += ".\n\n";
+        }
+        Ok(_) => s += "No runs.\n\n",
+        Err(e) => {
+            let _ = writeln!(s, "**Failed:** {e:#}\n");
+        }
+    }
+
+    for (bin, res) in sections {
+        let what = match *bin {
+            "controller-bench" => "Controller: GetPinglist latency with 10,000 / 100,000 RNICs (target p99 < 2 ms at 100,000), registration throughput, PathSummary ingest (target 200,000/s on one core)",
+            "agent-bench" => "Agent over udp: probe round trips per second on one core vs a minimal timestamped UDP ping-pong in the same run (target ratio >= 0.7)",
+            _ => "",
+        };
+        let _ = writeln!(s, "## `{bin}`\n\n{what}.\n");
+        match res {
+            Ok(lines) => s += &grouped_tables(lines),
+            Err(e) => {
+                let _ = writeln!(s, "**Failed:** {e:#}");
+            }
+        }
+        s += "\n";
+    }
+    s
+}
+
+/// One target check: (what, measured, target, ratio measured/target, met).
+type Check = (String, String, String, f64, bool);
+
+/// Checks of the issue's targets against the known fields of the bench lines.
+pub fn target_checks(lines: &[Line]) -> Vec<Check> {
+    let num = |l: &Line, k: &str| l.get(k).and_then(|v| v.as_f64());
+    let text = |l: &Line, k: &str| l.get(k).and_then(|v| v.as_str()).unwrap_or("").to_string();
+    let mut out = Vec::new();
+    for l in lines {
+        let bench = text(l, "bench");
+        match bench.as_str() {
+            "get_pinglist" => {
+                if let (Some(n), Some(p99)) = (num(l, "rnics"), num(l, "p99_ns")) {
+                    if n >= 100_000.0 {
+                        let what = format!("GetPinglist p99, {n:.0} RNICs, {}", text(l, "pinglist_type"));
+                        out.push((what, format!("{:.3} ms", p99 / 1e6), "< 2 ms".into(), p99 / 2e6, p99 < 2e6));
+                    }
+                }
+            }
+            "analyzer_ingest" => {
+                if let Some(r) = num(l, "per_sec") {
+                    out.push(("PathSummary ingest, one core".into(), format!("{r:.0}/s"), ">= 200000/s".into(), r / 2e5, r >= 2e5));
+                }
+            }
+            _ => {
+                // Lines that state their own target and ratio (ratio >= target wanted).
+                if let (Some(r), Some(t)) = (num(l, "ratio"), num(l, "target")) {
+                    let what = match bench.as_str() {
+                        "agent_vs_baseline" => "agent probe round trips / timestamped UDP ping-pong".to_string(),
+                        _ => bench.clone(),
+                    };
+                    out.push((what, format!("{r:.3}"), format!(">= {t}"), r / t, r >= t));
+                }
+            }
+        }
+    }
+    out
+}
+
+fn summary_table(
+    sections: &[(&str, Result<Vec<Line>>)],
+    footprint: &Result<Vec<Footprint>>,
+) -> String {
+    let mut rows: Vec<Check> = Vec::new();
+    if let Ok(runs) = footprint {
+        if !runs.is_empty() {
+            let cpu = median_f(runs.iter().map(|r| r.cpu_pct).collect());
+            let rss = median_f(runs.iter().map(|r| r.rss_mib).collect());
+            rows.push(("agent CPU, 64 targets x 10/s".into(), format!("{cpu:.3}% of a core"), format!("< {CPU_TARGET_PCT}%"), cpu / CPU_TARGET_PCT, cpu < CPU_TARGET_PCT));
+            rows.push(("agent RSS, 64 targets x 10/s".into(), format!("{rss:.1} MiB"), format!("< {RSS_TARGET_MIB} MiB"), rss / RSS_TARGET_MIB, rss < RSS_TARGET_MIB));
+        }
+    }
+    for (_, res) in sections {
+        if let Ok(lines) = res {
+            rows.extend(target_checks(lines));
+        }
+    }
+    let mut s = String::from("## Summary against the targets\n\n| what | measured | target | ratio to target | |\n|---|---|---|---|---|\n");
+    for (what, m, t, r, ok) in &rows {
+        let _ = writeln!(s, "| {what} | {m} | {t} | {r:.2} | {} |", verdict(*ok));
+    }
+    if rows.is_empty() {
+        s += "| (no bench produced a comparable number) | | | | |\n";
+    }
+    s += "\n";
+    s
+}
+
+/// One table per value of the `bench` field, in first-seen order.
+pub fn grouped_tables(lines: &[Line]) -> String {
+    let mut order: Vec<String> = Vec::new();
+    let mut groups: BTreeMap<String, Vec<Line>> = BTreeMap::new();
+    for l in lines {
+        let b = l.get("bench").and_then(|v| v.as_str()).unwrap_or("").to_string();
+        if !groups.contains_key(&b) {
+            order.push(b.clone());
+        }
+        let mut l = l.clone();
+        l.remove("bench");
+        groups.entry(b).or_default().push(l);
+    }
+    let mut s = String::new();
+    for b in order {
+        if !b.is_empty() {
+            let _ = writeln!(s, "### {b}\n");
+        }
+        s += &json_table(&groups[&b]);
+        s += "\n";
+    }
+    s
+}
+
+fn verdict(ok: bool) -> &'static str {
+    if ok {
+        "meets target"
+    } else {
+        "MISSES target"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_are_checked_from_known_fields() {
+        let lines: Vec<Line> = [
+            r#"{"bench":"get_pinglist","rnics":100000,"p99_ns":1500000,"pinglist_type":"tor_mesh"}"#,
+            r#"{"bench":"get_pinglist","rnics":10000,"p99_ns":9000000}"#,
+            r#"{"bench":"analyzer_ingest","per_sec":100000.0}"#,
+            r#"{"bench":"agent_vs_baseline","ratio":0.8,"target":0.7}"#,
+        ]
+        .iter()
+        .map(|t| serde_json::from_str(t).unwrap())
+        .collect();
+        let c = target_checks(&lines);
+        assert_eq!(c.len(), 3, "{c:?}");
+        assert!(c[0].4 && (c[0].3 - 0.75).abs() < 1e-9);
+        assert!(!c[1].4 && (c[1].3 - 0.5).abs() < 1e-9);
+        assert!(c[2].4);
+        let t = grouped_tables(&lines);
+        assert!(t.contains("### get_pinglist") && t.contains("### analyzer_ingest"), "{t}");
+    }
+
+    #[test]
+    fn stat_ticks_survive_odd_command_names() {
+        let stat = "1234 (agent) x (y)) S 1 1234 1234 0 -1 4194560 500 0 0 0 17 5 0 0 20 0 3 0 100 1000 200";
+        assert_eq!(parse_stat_ticks(stat), Some(22));
+        assert_eq!(parse_stat_ticks("garbage"), None);
+    }
+
+    #[test]
+    fn vmrss_is_read_in_kib() {
+        let status = "Name:\tagent\nVmPeak:\t  9000 kB\nVmRSS:\t    7168 kB\nThreads:\t3\n";
+        assert_eq!(parse_vmrss_kib(status), Some(7168));
+        assert_eq!(parse_vmrss_kib("Name: x\n"), None);
+    }
+
+    #[test]
+    fn medians_match_lines_by_their_string_fields() {
+        let run = |a: i64, b: f64| -> Vec<Line> {
+            vec![
+                serde_json::from_str(&format!(r#"{{"bench":"x","n":{a}}}"#)).unwrap(),
+                serde_json::from_str(&format!(r#"{{"bench":"y","v":{b:?}}}"#)).unwrap(),
+            ]
+        };
+        let m = median_lines(&[run(5, 1.0), run(1, 3.0), run(3, 2.0)]);
+        assert_eq!(m[0]["n"], Value::from(3));
+        assert_eq!(m[1]["v"], Value::from(2.0));
+        let t = json_table(&m);
+        assert!(t.starts_with("| bench | n | v |"), "{t}");
+        assert!(t.contains("| x | 3 |  |"), "{t}");
+    }
+}

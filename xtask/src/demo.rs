@@ -1,0 +1,239 @@
+//! `cargo xtask demo`: a controller and N agents over udp on loopback addresses, with a
+//! live per-ToR-pair table from the operator API.
+
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use rpingmesh_proto::operator::{ListTorPairsRequest, TorPairStats};
+
+use crate::procs::{self, Proc};
+
+#[derive(Args)]
+pub struct DemoArgs {
+    /// Number of agents (one pseudo-RNIC each, on 127.0.1.1, 127.0.1.2, ...).
+    #[arg(long, default_value_t = 8)]
+    agents: u8,
+    /// Number of ToRs the agents are spread over.
+    #[arg(long, default_value_t = 2)]
+    tors: u8,
+    /// Stop after this many seconds (default: run until Ctrl-C).
+    #[arg(long)]
+    duration: Option<u64>,
+}
+
+const REFRESH: Duration = Duration::from_secs(5);
+
+/// ToR of agent `i` (0-based): contiguous blocks, as racks are.
+pub fn tor_of(i: usize, agents: usize, tors: usize) -> usize {
+    i * tors / agents + 1
+}
+
+pub fn run(a: DemoArgs) -> Result<()> {
+    if a.agents < 2 {
+        bail!("--agents must be at least 2 (got {})", a.agents);
+    }
+    if a.tors == 0 || a.tors > a.agents {
+        bail!("--tors must be between 1 and --agents (got {})", a.tors);
+    }
+    if a.agents > 254 {
+        bail!("--agents must be at most 254");
+    }
+    let mut build = crate::cargo();
+    build.args([
+        "build",
+        "--release",
+        "-p",
+        "rpingmesh-controller",
+        "-p",
+        "rpingmesh-agent",
+        "--bin",
+        "rpingmesh-controller",
+        "--bin",
+        "rpingmesh-agent",
+    ]);
+    crate::run_streamed(build, "cargo build --release (controller, agent)")?;
+    let controller_bin = procs::release_bin("rpingmesh-controller")?;
+    let agent_bin = procs::release_bin("rpingmesh-agent")?;
+
+    let dir = tempfile::Builder::new()
+        .prefix("rpingmesh-demo-")
+        .tempdir()
+        .context("creating the demo directory")?
+        .keep();
+    eprintln!("xtask demo: logs and database in {}", dir.display());
+
+    let port = procs::free_port()?;
+    let listen = format!("127.0.0.1:{port}");
+    let mut all: Vec<Proc> = Vec::new();
+    let db = format!("sqlite:{}", dir.join("controller.db").display());
+    all.push(Proc::spawn(
+        &dir,
+        "controller",
+        &controller_bin,
+        &[
+            "--listen-addr",
+            &listen,
+            "--database-uri",
+            &db,
+            "--metrics-enabled",
+            "false",
+            "--log-level",
+            "info",
+        ]
+        .map(String::from),
+    )?);
+    let addr = procs::wait_listening(&mut all[0], Duration::from_secs(20))?;
+    eprintln!("xtask demo: controller listening on {addr}");
+
+    let (n, t) = (a.agents as usize, a.tors as usize);
+    for i in 0..n {
+        let ip = Ipv4Addr::new(127, 0, 1, i as u8 + 1);
+        let tor = format!("tor-{}", tor_of(i, n, t));
+        let id = format!("agent-{}", i + 1);
+        let args = [
+            "--agent-id", &id, "--tor-id", &tor, "--controller-addr", &listen,
+            "--udp-addresses", &ip.to_string(), "--udp-port", "18515", "--transport", "udp",
+            "--analysis-window-sec", "5", "--probe-interval-ms", "100",
+            "--tor-mesh-probe-rate-per-second", "10", "--inter-tor-probe-rate-per-second", "5",
+            "--pinglist-update-interval-sec", "30", "--metrics-enabled", "false",
+            "--log-level", "info",
+        ]
+        .map(String::from);
+        all.push(Proc::spawn(&dir, &id, &agent_bin, &args)?);
+        eprintln!("xtask demo: {id} on {ip}:18515 ({tor})");
+    }
+
+    eprintln!(
+        "xtask demo: a table every 5 s (Ctrl-C to stop); pinglists refresh every 30 s, so \
+         paths fill in as agents learn about peers that registered after them"
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let res = rt.block_on(show(&mut all, addr, a.duration.map(Duration::from_secs)));
+    eprintln!("xtask demo: stopping {} processes", all.len());
+    procs::stop_all(&mut all);
+    eprintln!("xtask demo: logs kept in {}", dir.display());
+    res
+}
+
+async fn show(
+    all: &mut [Proc],
+    addr: std::net::SocketAddr,
+    duration: Option<Duration>,
+) -> Result<()> {
+    let mut op = procs::operator(addr).await?;
+    let start = Instant::now();
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    let mut tick = tokio::time::interval(REFRESH);
+    tick.tick().await;
+    loop {
+        let until_end = duration.map(|d| d.saturating_sub(start.elapsed()));
+        let stop_at = tokio::time::sleep(until_end.unwrap_or(Duration::from_secs(86400 * 365)));
+        tokio::select! {
+            _ = &mut ctrl_c => { eprintln!("\nxtask demo: Ctrl-C"); return Ok(()); }
+            _ = stop_at => { eprintln!("xtask demo: --duration reached"); return Ok(()); }
+            _ = tick.tick() => {}
+        }
+        if let Some(st) = all[0].exit_status() {
+            bail!("controller exited ({st}):\n{}", all[0].log_tail(20));
+        }
+        let mut dead = Vec::new();
+        for p in all[1..].iter_mut() {
+            if let Some(st) = p.exit_status() {
+                dead.push(format!("{} ({st})", p.name));
+            }
+        }
+        match op.list_tor_pairs(ListTorPairsRequest {}).await {
+            Ok(r) => print!(
+                "{}",
+                render(start.elapsed(), all.len() - 1 - dead.len(), all.len() - 1, &r.into_inner().pairs)
+            ),
+            Err(e) => eprintln!("xtask demo: ListTorPairs failed: {}", e.message()),
+        }
+        for d in &dead {
+            eprintln!("xtask demo: agent {d} exited; see its log");
+        }
+    }
+}
+
+fn us(ns: u64) -> String {
+    format!("{:.1}", ns as f64 / 1000.0)
+}
+
+/// The live table (pure, so it is tested).
+pub fn render(elapsed: Duration, up: usize, total: usize, pairs: &[TorPairStats]) -> String {
+    let mut s = format!(
+        "\n[{:>4}s] agents up {up}/{total}; per ToR pair, latest window of each path\n",
+        elapsed.as_secs()
+    );
+    s += &format!(
+        "{:<10} {:<10} {:>5} {:>8} {:>7} {:>12} {:>12} {:>15} {:>18}\n",
+        "SRC TOR", "DST TOR", "PATHS", "PROBES", "LOSS %", "RTT p50 us", "RTT p99 us",
+        "PROBER p50 us", "RESPONDER p50 us"
+    );
+    if pairs.is_empty() {
+        s += "(no path summaries yet: the first analysis window is 5 s)\n";
+    }
+    let mut sorted: Vec<&TorPairStats> = pairs.iter().collect();
+    sorted.sort_by(|a, b| (&a.source_tor_id, &a.target_tor_id).cmp(&(&b.source_tor_id, &b.target_tor_id)));
+    for p in sorted {
+        let loss = if p.probe_total > 0 {
+            100.0 * p.probe_failed as f64 / p.probe_total as f64
+        } else {
+            0.0
+        };
+        s += &format!(
+            "{:<10} {:<10} {:>5} {:>8} {:>7.2} {:>12} {:>12} {:>15} {:>18}\n",
+            p.source_tor_id,
+            p.target_tor_id,
+            p.paths,
+            p.probe_total,
+            loss,
+            us(p.network_rtt_p50_ns),
+            us(p.network_rtt_p99_ns),
+            us(p.prober_delay_p50_ns),
+            us(p.responder_delay_p50_ns)
+        );
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tors_are_contiguous_and_balanced() {
+        let tors: Vec<usize> = (0..8).map(|i| tor_of(i, 8, 2)).collect();
+        assert_eq!(tors, [1, 1, 1, 1, 2, 2, 2, 2]);
+        let tors: Vec<usize> = (0..5).map(|i| tor_of(i, 5, 3)).collect();
+        assert_eq!(tors, [1, 1, 2, 2, 3]);
+    }
+
+    #[test]
+    fn table_shows_loss_and_microseconds() {
+        let p = TorPairStats {
+            source_tor_id: "tor-1".into(),
+            target_tor_id: "tor-2".into(),
+            paths: 16,
+            probe_total: 1000,
+            probe_success: 990,
+            probe_failed: 10,
+            loss_ratio: 0.01,
+            network_rtt_p50_ns: 1_500,
+            network_rtt_p99_ns: 12_000,
+            prober_delay_p50_ns: 40_000,
+            responder_delay_p50_ns: 8_260,
+            invalid_rtt_count: 0,
+        };
+        let t = render(Duration::from_secs(10), 8, 8, &[p]);
+        let row = t.lines().find(|l| l.starts_with("tor-1")).unwrap();
+        let cols: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(cols, ["tor-1", "tor-2", "16", "1000", "1.00", "1.5", "12.0", "40.0", "8.3"]);
+        assert!(render(Duration::ZERO, 0, 8, &[]).contains("no path summaries yet"));
+    }
+}
