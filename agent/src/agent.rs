@@ -1,20 +1,24 @@
-//! Agent lifecycle: bind the pseudo-RNICs, register, start one driver and one cluster
-//! monitor per RNIC plus the reporter; stop them in order on shutdown.
+//! Agent lifecycle: open the RNICs (udp pseudo-RNICs or rdma devices), register, start
+//! one driver and one cluster monitor per RNIC plus the reporter; stop them in order on
+//! shutdown. An rdma RNIC whose transport fails is re-opened with back-off and
+//! registered again (its QPN changes); the others keep running.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use rpingmesh_verbs::rdma::{self, RdmaOptions};
 use rpingmesh_verbs::udp::UdpEndpoint;
-use rpingmesh_verbs::VerbsError;
+use rpingmesh_verbs::{Transport, VerbsError};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::cluster_monitor::{run_cluster_monitor, MonitorParams, Registrar};
 use crate::config::AgentConfig;
 use crate::controller_client::{registration_request, ControllerClient, LocalRnic};
+use crate::reopen::{ReopenStep, Reopener};
 use crate::report;
-use crate::rnic::{DriverIo, DriverParams, DriverStats, RnicDriver};
+use crate::rnic::{DriverExit, DriverIo, DriverParams, DriverStats, RnicDriver};
 use crate::targets::Pinglists;
 use crate::telemetry::Metrics;
 
@@ -34,6 +38,52 @@ pub fn bind_udp(cfg: &AgentConfig) -> Result<Vec<UdpEndpoint>, VerbsError> {
         .collect()
 }
 
+/// One opened RNIC: its endpoint and, for rdma, how to open it again after a failure.
+pub struct OpenedRnic {
+    pub endpoint: Transport,
+    pub reopen: Option<RdmaOptions>,
+}
+
+impl From<UdpEndpoint> for OpenedRnic {
+    fn from(ep: UdpEndpoint) -> Self {
+        OpenedRnic {
+            endpoint: Transport::Udp(ep),
+            reopen: None,
+        }
+    }
+}
+
+/// The rdma endpoint options of `device` from the agent config.
+pub fn rdma_options(cfg: &AgentConfig, device: &str) -> RdmaOptions {
+    let mut o = RdmaOptions::new(device);
+    // validate() bounds these; out-of-range values are then refused by RdmaOptions.
+    o.gid_index = u32::try_from(cfg.gid_index).unwrap_or(u32::MAX);
+    o.service_level = u8::try_from(cfg.service_level).unwrap_or(u8::MAX);
+    o.traffic_class = u8::try_from(cfg.traffic_class).unwrap_or(u8::MAX);
+    o
+}
+
+/// Opens every RDMA device `allowed_device_names` selects (empty = all). Touches no
+/// network: the error (e.g. "no RDMA devices: ...; use transport: udp", or the
+/// not-built line) is meant to stop the agent before it contacts the controller.
+pub fn open_rdma(cfg: &AgentConfig) -> Result<Vec<OpenedRnic>, VerbsError> {
+    let devices = rdma::list_devices(&cfg.allowed_device_names)?;
+    let mut out = Vec::with_capacity(devices.len());
+    for dev in devices {
+        let opts = rdma_options(cfg, &dev);
+        let ep = rdma::open_rdma_with(&opts)?;
+        if let Some(w) = ep.gid_warning() {
+            tracing::warn!(device = %dev, gid_index = opts.gid_index, "{w}");
+        }
+        tracing::info!(device = %dev, timestamps = ?ep.timestamp_source(), "rdma device opened");
+        out.push(OpenedRnic {
+            endpoint: Transport::Rdma(ep),
+            reopen: Some(opts),
+        });
+    }
+    Ok(out)
+}
+
 pub struct RunningAgent {
     shutdown: watch::Sender<bool>,
     drivers: Vec<JoinHandle<()>>,
@@ -45,21 +95,14 @@ pub struct RunningAgent {
 
 /// Starts everything on the current runtime. Returns at once: the controller is contacted
 /// in the background, and the responders answer from the first moment.
-pub fn start(
+pub fn start<R: Into<OpenedRnic>>(
     cfg: &AgentConfig,
-    endpoints: Vec<UdpEndpoint>,
+    endpoints: Vec<R>,
     metrics: Metrics,
 ) -> anyhow::Result<RunningAgent> {
+    let endpoints: Vec<OpenedRnic> = endpoints.into_iter().map(Into::into).collect();
     let client = ControllerClient::connect_lazy(cfg)?;
-    let rnics: Vec<LocalRnic> = endpoints
-        .iter()
-        .map(|ep| LocalRnic {
-            gid: ep.local().gid,
-            qpn: ep.local().qpn,
-            ip_address: ep.ip_string(),
-            device_name: ep.device_name().to_string(),
-        })
-        .collect();
+    let rnics: Vec<LocalRnic> = endpoints.iter().map(|r| local_rnic(&r.endpoint)).collect();
     let registrar = Arc::new(Registrar::new(
         client.clone(),
         registration_request(cfg, &rnics),
@@ -88,18 +131,21 @@ pub fn start(
         let gid = rpingmesh_proto::gid::format_gid(&rnic.gid);
         let (ptx, prx) = watch::channel(Arc::new(Pinglists::default()));
         pending_monitors.push((gid.clone(), ptx));
-        let driver = RnicDriver::new(
+        let driver_stats = Arc::new(DriverStats::default());
+        stats.push(driver_stats.clone());
+        drivers.push(tokio::spawn(supervise_rnic(
             ep,
             DriverParams::from_config(cfg, seq_epoch),
             metrics.clone(),
-        );
-        stats.push(driver.stats());
-        drivers.push(tokio::spawn(driver.run(DriverIo {
-            pinglists: prx,
-            shutdown: shutdown_tx.subscribe(),
-            reports: sink.clone(),
-            outcomes: None,
-        })));
+            driver_stats,
+            DriverIo {
+                pinglists: prx,
+                shutdown: shutdown_tx.subscribe(),
+                reports: sink.clone(),
+                outcomes: None,
+            },
+            registrar.clone(),
+        )));
         tracing::info!(device = %rnic.device_name, gid = %gid, qpn = rnic.qpn, ip = %rnic.ip_address, "rnic ready");
     }
     drop(sink);
@@ -134,6 +180,90 @@ pub fn start(
         stats,
         registrar,
     })
+}
+
+fn local_rnic(ep: &Transport) -> LocalRnic {
+    LocalRnic {
+        gid: ep.local().gid,
+        qpn: ep.local().qpn,
+        ip_address: ep.ip_string(),
+        device_name: ep.device_name().to_string(),
+    }
+}
+
+/// Runs one RNIC's driver; after a transport failure re-opens the device with back-off
+/// (`Reopener` decides), re-registers when its address changed, and runs a new driver
+/// on the same pinglists, shutdown signal and counters.
+async fn supervise_rnic(
+    rnic: OpenedRnic,
+    params: DriverParams,
+    metrics: Metrics,
+    stats: Arc<DriverStats>,
+    mut io: DriverIo,
+    registrar: Arc<Registrar>,
+) {
+    let OpenedRnic {
+        mut endpoint,
+        reopen,
+    } = rnic;
+    let mut reopener = Reopener::default();
+    loop {
+        let old = endpoint.local();
+        let device = endpoint.device_name().to_string();
+        let started = Instant::now();
+        let exit = RnicDriver::new(endpoint, params.clone(), metrics.clone())
+            .with_stats(stats.clone())
+            .run_until(&mut io)
+            .await;
+        let failed = match &exit {
+            DriverExit::Shutdown => false,
+            DriverExit::TransportFailed(e) => {
+                tracing::error!(device = %device, error = %e, "transport failed");
+                true
+            }
+        };
+        let Some(opts) = &reopen else {
+            if failed {
+                tracing::error!(device = %device, "this transport cannot be re-opened; the RNIC stopped probing");
+            }
+            return;
+        };
+        let mut step = reopener.on_driver_exit(failed, started.elapsed());
+        endpoint = loop {
+            let ReopenStep::Wait(delay) = step else {
+                return;
+            };
+            tracing::info!(device = %device, delay_ms = delay.as_millis() as u64, attempt = reopener.attempts(), "re-opening the RNIC after back-off");
+            if sleep_or_shutdown(&mut io.shutdown, delay).await {
+                return;
+            }
+            match rdma::open_rdma_with(opts) {
+                Ok(ep) => break Transport::Rdma(ep),
+                Err(e) => {
+                    tracing::warn!(device = %device, error = %e, "re-open failed");
+                    step = reopener.on_open_failed();
+                }
+            }
+        };
+        let new = endpoint.local();
+        tracing::info!(device = %device, qpn = new.qpn, failures = reopener.failures(), "RNIC re-opened");
+        if reopener.on_opened(old, new) {
+            let gid = rpingmesh_proto::gid::format_gid(&new.gid);
+            if registrar.replace_rnic(&device, &gid, new.qpn).await {
+                // Best effort: the cluster monitor retries on its own schedule.
+                let _ = registrar.ensure_registered().await;
+            }
+        }
+    }
+}
+
+/// Sleeps `d`; true if shutdown was asked for (or its sender is gone) meanwhile.
+async fn sleep_or_shutdown(shutdown: &mut watch::Receiver<bool>, d: Duration) -> bool {
+    let stopped = tokio::select! {
+        _ = tokio::time::sleep(d) => None,
+        _ = shutdown.wait_for(|s| *s) => Some(true), // asked, or the sender is gone
+    };
+    stopped.unwrap_or_else(|| *shutdown.borrow())
 }
 
 impl RunningAgent {

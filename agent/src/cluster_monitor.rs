@@ -16,12 +16,12 @@ use crate::targets::{convert_list, Pinglists};
 /// Registers the agent (all RNICs at once) and remembers whether the controller knows it.
 pub struct Registrar {
     client: ControllerClient,
-    request: AgentRegistrationRequest,
     state: Mutex<RegState>,
 }
 
-#[derive(Default)]
 struct RegState {
+    /// Changes when an RNIC is re-opened (its QPN changes).
+    request: AgentRegistrationRequest,
     registered: bool,
     failing: bool,
 }
@@ -30,9 +30,35 @@ impl Registrar {
     pub fn new(client: ControllerClient, request: AgentRegistrationRequest) -> Self {
         Registrar {
             client,
-            request,
-            state: Mutex::new(RegState::default()),
+            state: Mutex::new(RegState {
+                request,
+                registered: false,
+                failing: false,
+            }),
         }
+    }
+
+    /// Replaces the RNIC registered as `device_name` (after a re-open gave it a new QPN);
+    /// the next `ensure_registered` registers the agent again. False if no such RNIC.
+    pub async fn replace_rnic(&self, device_name: &str, gid: &str, qpn: u32) -> bool {
+        let mut st = self.state.lock().await;
+        let Some(r) = st
+            .request
+            .rnics
+            .iter_mut()
+            .find(|r| r.device_name == device_name)
+        else {
+            return false;
+        };
+        r.gid = gid.to_string();
+        r.qpn = qpn;
+        st.registered = false;
+        true
+    }
+
+    /// The registration the next `ensure_registered` sends.
+    pub async fn request(&self) -> AgentRegistrationRequest {
+        self.state.lock().await.request.clone()
     }
 
     /// Registers unless already registered. The first failure of a streak is logged as
@@ -42,14 +68,14 @@ impl Registrar {
         if st.registered {
             return Ok(());
         }
-        match self.client.register(self.request.clone()).await {
+        match self.client.register(st.request.clone()).await {
             Ok(()) => {
                 st.registered = true;
                 st.failing = false;
                 tracing::info!(
                     controller = self.client.addr(),
-                    agent_id = %self.request.agent_id,
-                    rnics = self.request.rnics.len(),
+                    agent_id = %st.request.agent_id,
+                    rnics = st.request.rnics.len(),
                     "registered with controller"
                 );
                 Ok(())

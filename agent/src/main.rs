@@ -7,7 +7,6 @@ use clap::Parser;
 use rpingmesh_agent::config::{AgentConfig, CliArgs, Transport};
 use rpingmesh_agent::telemetry::{init_logging, Telemetry};
 use rpingmesh_agent::{agent, telemetry};
-use rpingmesh_verbs::VerbsError;
 
 fn main() -> ExitCode {
     let cli = CliArgs::parse();
@@ -21,21 +20,6 @@ fn main() -> ExitCode {
     init_logging(&cfg.log_level);
     if cfg.self_protection_enabled {
         tracing::warn!("self_protection_enabled: the resource watchdog is not implemented yet; probing is not throttled");
-    }
-    // Before anything contacts the controller: no half-registered agent.
-    if cfg.transport == Transport::Rdma {
-        let device = cfg
-            .allowed_device_names
-            .first()
-            .map(String::as_str)
-            .unwrap_or("");
-        if let Err(e) = rpingmesh_verbs::rdma::open_rdma(device) {
-            eprintln!("rpingmesh-agent: {e}");
-            return ExitCode::from(1);
-        }
-        // An rdma build would drive RdmaEndpoint here; this build has no such backend.
-        eprintln!("rpingmesh-agent: {}", VerbsError::RdmaNotBuilt);
-        return ExitCode::from(1);
     }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -52,7 +36,17 @@ fn main() -> ExitCode {
 }
 
 async fn run(cfg: AgentConfig) -> ExitCode {
-    let endpoints = match agent::bind_udp(&cfg) {
+    // Every RNIC is opened before anything contacts the controller: an agent that cannot
+    // open its transport exits with one line and leaves no half-registered agent behind.
+    let opened = match cfg.transport {
+        Transport::Udp => agent::bind_udp(&cfg).map(|eps| {
+            eps.into_iter()
+                .map(agent::OpenedRnic::from)
+                .collect::<Vec<_>>()
+        }),
+        Transport::Rdma => agent::open_rdma(&cfg),
+    };
+    let endpoints = match opened {
         Ok(eps) => eps,
         Err(e) => {
             eprintln!("rpingmesh-agent: {e}");

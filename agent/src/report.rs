@@ -45,6 +45,8 @@ pub fn to_proto(
         prober_delay_p99_ns: w.prober_delay_p99_ns,
         responder_delay_p50_ns: w.responder_delay_p50_ns,
         responder_delay_p99_ns: w.responder_delay_p99_ns,
+        pinglist_type: 0,
+        service: String::new(),
     }
 }
 

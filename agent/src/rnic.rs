@@ -2,7 +2,8 @@
 //! scheduler and the targets' flow-label sets. It only moves events between the transport
 //! and the sans-IO core; all protocol decisions are the core's.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::net::Ipv6Addr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -16,8 +17,7 @@ use rpingmesh_protocol::schedule::ProbeScheduler;
 use rpingmesh_protocol::wire::{MsgType, ProbePacket, WireError, PACKET_LEN};
 use rpingmesh_protocol::{PinglistKind, TargetId};
 use rpingmesh_verbs::clock::{monotonic_ns, realtime_ns};
-use rpingmesh_verbs::udp::UdpEndpoint;
-use rpingmesh_verbs::{Endpoint, SendId, SendParams, TransportEvent};
+use rpingmesh_verbs::{Endpoint, SendId, SendParams, Transport, TransportEvent};
 use tokio::sync::{mpsc, watch};
 
 use crate::config::AgentConfig;
@@ -27,8 +27,13 @@ use crate::telemetry::{DropReason, FailReason, Metrics, PathAttrs};
 
 /// Probes started per loop turn before received datagrams are looked at again.
 const SEND_BURST: usize = 64;
-/// Non-blocking re-polls of the endpoint after a batch of events.
+/// Non-blocking completion re-polls after a batch of events that sent timed datagrams.
 const DRAIN_ROUNDS: usize = 4;
+/// Timer deadlines that need no precision (probe timeouts) are rounded up to this many
+/// ns, so the timer is not re-armed after every probe.
+const TIMER_GRANULARITY_NS: u64 = 1 << 20;
+/// Longest a busy driver goes without awaiting its shutdown and pinglist watches.
+const WATCH_POLL_NS: u64 = 10_000_000;
 /// How often timers that need no precision run (pending sweeps, report flushes).
 const HOUSEKEEPING_NS: u64 = 200_000_000;
 const REPORT_FLUSH_NS: u64 = 1_000_000_000;
@@ -89,6 +94,8 @@ pub struct DriverStats {
     pub probes_answered: AtomicU64,
     pub dropped_malformed: AtomicU64,
     pub summaries_offered: AtomicU64,
+    /// Transport faults that stopped this driver (rdma: QP error, device lost).
+    pub transport_failures: AtomicU64,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -101,6 +108,7 @@ pub struct StatsSnapshot {
     pub probes_answered: u64,
     pub dropped_malformed: u64,
     pub summaries_offered: u64,
+    pub transport_failures: u64,
 }
 
 impl DriverStats {
@@ -115,6 +123,7 @@ impl DriverStats {
             probes_answered: l(&self.probes_answered),
             dropped_malformed: l(&self.dropped_malformed),
             summaries_offered: l(&self.summaries_offered),
+            transport_failures: l(&self.transport_failures),
         }
     }
 }
@@ -184,6 +193,107 @@ struct TargetState {
 
 type TargetKey = (Ipv6Addr, u32, PinglistKind);
 
+/// TargetIds are small counters handed out by the driver itself: hashing them with
+/// SipHash on every send and outcome buys nothing.
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        // Spread the counter over the high bits hashbrown uses for its control bytes.
+        self.0.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8) | b as u64;
+        }
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.0 = n as u64;
+    }
+}
+
+type IdMap<V> = HashMap<TargetId, V, BuildHasherDefault<IdHasher>>;
+
+/// Sends awaiting their completion, indexed by send id. Both transports hand out ids
+/// counting up by one and complete (nearly) in order, so a deque offset by the oldest id
+/// replaces a hash map: insert is a push, remove a slot write plus popping the done front.
+#[derive(Debug)]
+pub struct SendTable<T> {
+    base: SendId,
+    slots: VecDeque<Option<(T, u64)>>,
+    live: usize,
+}
+
+/// Ids further than this ahead of the oldest tracked send are not tracked (only reachable
+/// if a transport's ids jumped; the probe then just times out).
+const SEND_TABLE_SPAN: u32 = 1 << 20;
+
+impl<T> Default for SendTable<T> {
+    fn default() -> Self {
+        SendTable {
+            base: 0,
+            slots: VecDeque::new(),
+            live: 0,
+        }
+    }
+}
+
+impl<T: Copy> SendTable<T> {
+    /// Tracks send `id`, sent at `at_ns`. Returns false if the id cannot be tracked.
+    pub fn insert(&mut self, id: SendId, value: T, at_ns: u64) -> bool {
+        if self.slots.is_empty() {
+            self.base = id;
+        }
+        let off = id.wrapping_sub(self.base);
+        if off >= SEND_TABLE_SPAN {
+            return false; // behind the window (reused id) or absurdly far ahead
+        }
+        let off = off as usize;
+        if off >= self.slots.len() {
+            self.slots.resize(off + 1, None);
+        }
+        if self.slots[off].replace((value, at_ns)).is_none() {
+            self.live += 1;
+        }
+        true
+    }
+
+    pub fn remove(&mut self, id: SendId) -> Option<T> {
+        let off = id.wrapping_sub(self.base) as usize;
+        let v = self.slots.get_mut(off)?.take()?;
+        self.live -= 1;
+        self.pop_done();
+        Some(v.0)
+    }
+
+    /// Forgets sends older than `horizon_ns` before `now` (their completion never came).
+    pub fn expire(&mut self, now: u64, horizon_ns: u64) {
+        for slot in self.slots.iter_mut() {
+            if matches!(slot, Some((_, at)) if now.saturating_sub(*at) > horizon_ns) {
+                *slot = None;
+                self.live -= 1;
+            }
+        }
+        self.pop_done();
+    }
+
+    pub fn len(&self) -> usize {
+        self.live
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.live == 0
+    }
+
+    fn pop_done(&mut self) {
+        while let Some(None) = self.slots.front() {
+            self.slots.pop_front();
+            self.base = self.base.wrapping_add(1);
+        }
+    }
+}
+
 struct State {
     p: DriverParams,
     own: Endpoint,
@@ -192,10 +302,18 @@ struct State {
     responder: Responder<Endpoint>,
     scheduler: ProbeScheduler,
     has_targets: bool,
-    targets: HashMap<TargetId, TargetState>,
+    targets: IdMap<TargetState>,
     ids: HashMap<TargetKey, TargetId>,
     next_id: TargetId,
-    sends: HashMap<SendId, (SendPurpose, u64)>,
+    sends: SendTable<SendPurpose>,
+    /// A timed send happened since the last completion poll.
+    awaiting_completion: bool,
+    /// When the batch of events being handled was taken (T6 of a second ACK in it: one
+    /// clock read per batch, not per datagram).
+    events_now_ns: u64,
+    /// Flow-label rotation epoch, valid until the monotonic time beside it.
+    label_epoch: u64,
+    label_epoch_until_ns: u64,
     send_failed: HashSet<u64>,
     aggregator: Option<PathAggregator<PathKey>>,
     metrics: Metrics,
@@ -208,12 +326,29 @@ struct State {
 }
 
 pub struct RnicDriver {
-    endpoint: UdpEndpoint,
+    endpoint: Transport,
     state: State,
 }
 
+/// Why `run_until` returned.
+#[derive(Debug)]
+pub enum DriverExit {
+    /// Shutdown was requested (the report windows were flushed).
+    Shutdown,
+    /// The transport failed for good (rdma: QP in error state, device gone): the endpoint
+    /// must be re-opened. Closed windows were flushed; open ones are dropped.
+    TransportFailed(std::io::Error),
+}
+
+/// A transport error that no retry on the same endpoint can fix.
+pub fn is_fatal_transport_error(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::BrokenPipe
+}
+
 impl RnicDriver {
-    pub fn new(endpoint: UdpEndpoint, params: DriverParams, metrics: Metrics) -> Self {
+    /// `endpoint`: a `UdpEndpoint`, an `RdmaEndpoint` or a `Transport`.
+    pub fn new(endpoint: impl Into<Transport>, params: DriverParams, metrics: Metrics) -> Self {
+        let endpoint = endpoint.into();
         let own = endpoint.local();
         let now = monotonic_ns();
         let prober = Prober::new(ProberConfig {
@@ -228,10 +363,14 @@ impl RnicDriver {
             responder: Responder::new(8192, params.probe_timeout_ns.max(1)),
             scheduler: ProbeScheduler::new(params.round_interval_ns.max(1)),
             has_targets: false,
-            targets: HashMap::new(),
+            targets: IdMap::default(),
             ids: HashMap::new(),
             next_id: 0,
-            sends: HashMap::new(),
+            sends: SendTable::default(),
+            awaiting_completion: false,
+            events_now_ns: 0,
+            label_epoch: 0,
+            label_epoch_until_ns: 0,
             send_failed: HashSet::new(),
             aggregator: params.analysis_window_ns.map(PathAggregator::new),
             metrics,
@@ -250,43 +389,90 @@ impl RnicDriver {
         self.state.own
     }
 
+    /// Counts into `stats` (e.g. the counters of the driver this one replaces after a
+    /// re-open) instead of fresh ones.
+    pub fn with_stats(mut self, stats: Arc<DriverStats>) -> Self {
+        self.state.stats = stats;
+        self
+    }
+
     pub fn stats(&self) -> Arc<DriverStats> {
         self.state.stats.clone()
     }
 
     /// Runs until shutdown; then flushes the open aggregation windows to the report sink.
+    /// A transport failure also ends it (see `run_until` for the re-opening variant).
     pub async fn run(self, io: DriverIo) {
+        let mut io = io;
+        if let DriverExit::TransportFailed(e) = self.run_until(&mut io).await {
+            tracing::error!(error = %e, "transport failed; this RNIC stopped probing");
+        }
+    }
+
+    /// Runs until shutdown or a transport failure; `io` stays usable for the driver of a
+    /// re-opened endpoint.
+    pub async fn run_until(self, io: &mut DriverIo) -> DriverExit {
         let RnicDriver {
             endpoint,
             mut state,
         } = self;
-        let DriverIo {
-            mut pinglists,
-            mut shutdown,
-            reports,
-            outcomes,
-        } = io;
-        state.reports = reports;
-        state.outcomes = outcomes;
-        let lists = pinglists.borrow_and_update().clone();
+        if io.shutdown.has_changed().is_err() || *io.shutdown.borrow() {
+            return DriverExit::Shutdown;
+        }
+        state.reports = io.reports.clone();
+        state.outcomes = io.outcomes.clone();
+        let lists = io.pinglists.borrow_and_update().clone();
         state.apply_pinglists(&lists, monotonic_ns());
         let mut pinglists_open = true;
+        // While events keep coming, the shutdown and pinglist watches are checked with an
+        // atomic load per turn instead of being awaited: awaiting registers and drops a
+        // waiter on each of them every turn, i.e. several times per probe. An idle driver
+        // (last wake not I/O) awaits them, so it reacts at once; a busy one reacts at its
+        // next event, or within WATCH_POLL_NS when the events stop.
+        let mut last_wake_io = false;
+        let mut watch_tick_at = 0u64;
         let mut events: Vec<TransportEvent> = Vec::with_capacity(256);
         let sleep = tokio::time::sleep(Duration::ZERO);
         tokio::pin!(sleep);
         let mut io_errors = 0u64;
         let mut armed_deadline = u64::MAX;
+        let mut ring_dropped = RingDropExport::default();
         enum Wake {
             Shutdown,
             Io(std::io::Result<()>),
             Pinglists(bool),
             Timer,
         }
-        loop {
+        let exit = loop {
+            match io.shutdown.has_changed() {
+                Err(_) => break DriverExit::Shutdown,
+                Ok(true) if *io.shutdown.borrow_and_update() => break DriverExit::Shutdown,
+                Ok(_) => {}
+            }
+            if pinglists_open {
+                match io.pinglists.has_changed() {
+                    Err(_) => pinglists_open = false, // the monitor is gone: keep the last lists
+                    Ok(true) => {
+                        let lists = io.pinglists.borrow_and_update().clone();
+                        state.apply_pinglists(&lists, monotonic_ns());
+                    }
+                    Ok(false) => {}
+                }
+            }
             let now = monotonic_ns();
             state.send_due(&endpoint, now);
-            state.poll_timers(now);
-            let deadline = state.next_deadline(now);
+            if state.poll_timers(now) {
+                ring_dropped.export(&endpoint, &state.metrics);
+            }
+            let mut deadline = state.next_deadline(now);
+            let watch = !last_wake_io;
+            if !watch {
+                // Moves once per WATCH_POLL_NS, so it rarely re-arms the timer.
+                if now >= watch_tick_at {
+                    watch_tick_at = now + WATCH_POLL_NS;
+                }
+                deadline = deadline.min(watch_tick_at);
+            }
             // Re-arming the timer costs: only when the deadline moved.
             if deadline != armed_deadline {
                 armed_deadline = deadline;
@@ -295,29 +481,23 @@ impl RnicDriver {
             }
             let wake = tokio::select! {
                 biased;
-                r = shutdown.changed() => {
-                    if r.is_err() || *shutdown.borrow() { Wake::Shutdown } else { Wake::Timer }
+                r = io.shutdown.changed(), if watch => {
+                    if r.is_err() || *io.shutdown.borrow() { Wake::Shutdown } else { Wake::Timer }
                 }
                 r = endpoint.wait_events(&mut events) => Wake::Io(r),
-                r = pinglists.changed(), if pinglists_open => Wake::Pinglists(r.is_ok()),
+                r = io.pinglists.changed(), if watch && pinglists_open => Wake::Pinglists(r.is_ok()),
                 _ = &mut sleep => Wake::Timer,
             };
+            last_wake_io = matches!(wake, Wake::Io(_));
             match wake {
-                Wake::Shutdown => break,
+                Wake::Shutdown => break DriverExit::Shutdown,
                 Wake::Io(Ok(())) => {
-                    // Handling may have sent (first ACKs, probes) whose completions are
-                    // already queued: take them now instead of via another select turn.
-                    for _ in 0..DRAIN_ROUNDS {
-                        for ev in events.drain(..) {
-                            state.on_event(&endpoint, ev);
-                        }
-                        if endpoint.poll_events(&mut events).is_err() || events.is_empty() {
-                            break;
-                        }
+                    if let Err(e) = state.handle_events(&endpoint, &mut events) {
+                        break DriverExit::TransportFailed(e);
                     }
-                    for ev in events.drain(..) {
-                        state.on_event(&endpoint, ev);
-                    }
+                }
+                Wake::Io(Err(e)) if is_fatal_transport_error(&e) => {
+                    break DriverExit::TransportFailed(e)
                 }
                 Wake::Io(Err(e)) => {
                     io_errors += 1;
@@ -327,24 +507,82 @@ impl RnicDriver {
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
                 Wake::Pinglists(true) => {
-                    let lists = pinglists.borrow_and_update().clone();
+                    let lists = io.pinglists.borrow_and_update().clone();
                     state.apply_pinglists(&lists, monotonic_ns());
                 }
                 // The monitor is gone: keep probing the last lists.
                 Wake::Pinglists(false) => pinglists_open = false,
                 Wake::Timer => {}
             }
+        };
+        ring_dropped.export(&endpoint, &state.metrics);
+        match exit {
+            DriverExit::Shutdown => state.flush_reports(true),
+            DriverExit::TransportFailed(_) => {
+                bump(&state.stats.transport_failures);
+                state.metrics.record_transport_failure();
+                // Only closed windows: the driver of the re-opened endpoint continues the
+                // open ones' periods, and two summaries of one path and window would
+                // double-count it at the controller.
+                state.flush_reports(false);
+            }
         }
-        state.flush_reports(true);
+        exit
+    }
+}
+
+/// Exports the rdma endpoint's event-ring drops as a counter delta (the endpoint counts
+/// from 0 for its lifetime; a re-opened endpoint starts over with a fresh exporter).
+#[derive(Default)]
+struct RingDropExport {
+    exported: u64,
+}
+
+impl RingDropExport {
+    fn export(&mut self, ep: &Transport, metrics: &Metrics) {
+        if let Some(st) = ep.rdma_stats() {
+            metrics.record_event_ring_dropped(st.event_ring_dropped.saturating_sub(self.exported));
+            self.exported = self.exported.max(st.event_ring_dropped);
+        }
     }
 }
 
 impl State {
-    fn send_due(&mut self, ep: &UdpEndpoint, now: u64) {
+    /// Handles a batch of events. When handling sent timed datagrams (first ACKs), their
+    /// completions are usually queued already: take them now rather than after another
+    /// trip through epoll. Err only for a fatal transport error.
+    fn handle_events(
+        &mut self,
+        ep: &Transport,
+        events: &mut Vec<TransportEvent>,
+    ) -> std::io::Result<()> {
+        for _ in 0..DRAIN_ROUNDS {
+            self.awaiting_completion = false;
+            self.events_now_ns = monotonic_ns();
+            for ev in events.drain(..) {
+                self.on_event(ep, ev);
+            }
+            if !self.awaiting_completion {
+                return Ok(());
+            }
+            match ep.poll_completions(events) {
+                Err(e) if is_fatal_transport_error(&e) => return Err(e),
+                Err(_) => break, // wait_events reports it
+                Ok(()) if events.is_empty() => return Ok(()),
+                Ok(()) => {}
+            }
+        }
+        self.events_now_ns = monotonic_ns();
+        for ev in events.drain(..) {
+            self.on_event(ep, ev);
+        }
+        Ok(())
+    }
+
+    fn send_due(&mut self, ep: &Transport, now: u64) {
         if !self.has_targets {
             return;
         }
-        let mut label_epoch = None;
         for _ in 0..SEND_BURST {
             if self.prober.in_flight() >= self.p.max_in_flight {
                 return;
@@ -352,12 +590,16 @@ impl State {
             let Some((_kind, id)) = self.scheduler.poll(now) else {
                 return;
             };
-            let epoch = *label_epoch.get_or_insert_with(|| {
-                rotation_epoch(
+            // Re-read the wall clock at most once a second: rotation periods are whole
+            // seconds, so a boundary is seen within a second.
+            if now >= self.label_epoch_until_ns {
+                self.label_epoch = rotation_epoch(
                     realtime_ns() / 1_000_000_000,
                     self.p.flow_label_rotation_period_sec,
-                )
-            });
+                );
+                self.label_epoch_until_ns = now + 1_000_000_000;
+            }
+            let epoch = self.label_epoch;
             let Some(t) = self.targets.get_mut(&id) else {
                 continue;
             };
@@ -373,8 +615,7 @@ impl State {
             bump(&self.stats.probes_sent);
             match ep.send(&to, &params, &pkt.encode()) {
                 Ok(sid) => {
-                    self.sends
-                        .insert(sid, (SendPurpose::Probe(pkt.sequence), t1));
+                    self.sends.insert(sid, SendPurpose::Probe(pkt.sequence), t1);
                 }
                 Err(e) => {
                     // The prober times it out; the reason is then send_error.
@@ -388,20 +629,21 @@ impl State {
         }
     }
 
-    fn poll_timers(&mut self, now: u64) {
+    /// Returns true when the housekeeping tick ran.
+    fn poll_timers(&mut self, now: u64) -> bool {
         let mut timeouts = std::mem::take(&mut self.timeouts);
         self.prober.poll_timeouts(now, &mut timeouts);
         for o in timeouts.drain(..) {
             self.finish(o);
         }
         self.timeouts = timeouts;
-        if now >= self.next_housekeeping_ns {
+        let housekeeping = now >= self.next_housekeeping_ns;
+        if housekeeping {
             self.next_housekeeping_ns = now + HOUSEKEEPING_NS;
             self.responder.expire(now);
             // Sends whose completion never came (e.g. a TX timestamp the kernel skipped).
             let horizon = self.p.probe_timeout_ns.saturating_mul(2);
-            self.sends
-                .retain(|_, (_, at)| now.saturating_sub(*at) <= horizon);
+            self.sends.expire(now, horizon);
             if self.send_failed.len() > 2 * self.p.max_in_flight.max(1024) {
                 self.send_failed.clear();
             }
@@ -410,12 +652,14 @@ impl State {
             self.next_flush_ns = now + REPORT_FLUSH_NS;
             self.flush_reports(false);
         }
+        housekeeping
     }
 
     fn next_deadline(&self, now: u64) -> u64 {
         let mut d = self.next_housekeeping_ns.min(self.next_flush_ns);
         if let Some(t) = self.prober.next_timeout() {
-            d = d.min(t);
+            // Rounded up: a timeout a millisecond late is fine; re-arming per probe is not.
+            d = d.min(t.saturating_add(TIMER_GRANULARITY_NS - 1) & !(TIMER_GRANULARITY_NS - 1));
         }
         if self.has_targets && self.prober.in_flight() < self.p.max_in_flight {
             if let Some(t) = self.scheduler.next_wakeup_ns(now) {
@@ -425,7 +669,7 @@ impl State {
         d
     }
 
-    fn on_event(&mut self, ep: &UdpEndpoint, ev: TransportEvent) {
+    fn on_event(&mut self, ep: &Transport, ev: TransportEvent) {
         match ev {
             TransportEvent::Received {
                 from,
@@ -444,15 +688,15 @@ impl State {
                         return;
                     }
                 };
-                let now = monotonic_ns();
+                let now = self.events_now_ns;
                 match pkt.msg_type {
                     MsgType::Probe => {
                         let (pending, ack) = self.responder.on_probe(from, &pkt, rx_ts_ns, now);
                         bump(&self.stats.probes_answered);
                         match ep.send(&from, &self.ack_params(), &ack.encode()) {
                             Ok(sid) => {
-                                self.sends
-                                    .insert(sid, (SendPurpose::FirstAck(pending), now));
+                                self.sends.insert(sid, SendPurpose::FirstAck(pending), now);
+                                self.awaiting_completion = true;
                             }
                             Err(e) => self.ack_send_failed(&e),
                         }
@@ -465,15 +709,16 @@ impl State {
                     }
                 }
             }
-            TransportEvent::Sent { id, tx_ts_ns } => match self.sends.remove(&id) {
-                Some((SendPurpose::Probe(seq), _)) => {
-                    if let Some(o) = self.prober.on_probe_sent(seq, tx_ts_ns, monotonic_ns()) {
+            TransportEvent::Sent { id, tx_ts_ns } => match self.sends.remove(id) {
+                Some(SendPurpose::Probe(seq)) => {
+                    if let Some(o) = self.prober.on_probe_sent(seq, tx_ts_ns, self.events_now_ns) {
                         self.finish(o);
                     }
                 }
-                Some((SendPurpose::FirstAck(pending), _)) => {
+                Some(SendPurpose::FirstAck(pending)) => {
                     if let Some((to, ack2)) = self.responder.on_first_ack_sent(pending, tx_ts_ns) {
-                        if let Err(e) = ep.send(&to, &self.ack_params(), &ack2.encode()) {
+                        // Nobody needs the second ACK's send time: no TX timestamp for it.
+                        if let Err(e) = ep.send_untimed(&to, &self.ack_params(), &ack2.encode()) {
                             self.ack_send_failed(&e);
                         }
                     }
@@ -500,7 +745,7 @@ impl State {
     }
 
     fn finish(&mut self, o: ProbeOutcome) {
-        let send_failed = self.send_failed.remove(&o.sequence);
+        let send_failed = !self.send_failed.is_empty() && self.send_failed.remove(&o.sequence);
         let reason = fail_reason(&o.result, send_failed);
         // A target dropped from the pinglist since: its late result is not reported.
         let Some(t) = self.targets.get(&o.target) else {
@@ -731,6 +976,56 @@ mod tests {
             fail_reason(&ProbeResult::Invalid(InvalidReason::Absurd), false),
             Some(FailReason::AbsurdRtt)
         );
+    }
+
+    #[test]
+    fn send_table_tracks_ids_in_any_completion_order() {
+        let mut t: SendTable<u8> = SendTable::default();
+        assert!(t.insert(10, 1, 0));
+        assert!(t.insert(11, 2, 0));
+        assert!(t.insert(13, 4, 0)); // id 12 failed to send: a gap
+        assert_eq!(t.len(), 3);
+        assert_eq!(t.remove(11), Some(2));
+        assert_eq!(t.remove(11), None, "removed once");
+        assert_eq!(t.remove(12), None, "never inserted");
+        assert_eq!(t.remove(10), Some(1));
+        assert_eq!(t.remove(9), None, "before the window");
+        assert_eq!(t.remove(13), Some(4));
+        assert!(t.is_empty());
+        assert_eq!(t.slots.len(), 0, "done slots are popped");
+        // Empty again: the next id starts a new window anywhere.
+        assert!(t.insert(500, 5, 0));
+        assert_eq!(t.remove(500), Some(5));
+    }
+
+    #[test]
+    fn send_table_wraps_and_bounds() {
+        let mut t: SendTable<u8> = SendTable::default();
+        assert!(t.insert(u32::MAX - 1, 1, 0));
+        assert!(t.insert(u32::MAX, 2, 0));
+        assert!(t.insert(0, 3, 0));
+        assert_eq!(t.remove(0), Some(3));
+        assert_eq!(t.remove(u32::MAX - 1), Some(1));
+        assert_eq!(t.remove(u32::MAX), Some(2));
+        assert!(t.insert(7, 1, 0));
+        assert!(!t.insert(7 + SEND_TABLE_SPAN, 2, 0), "absurdly far ahead");
+        assert!(!t.insert(6, 2, 0), "behind the oldest tracked send");
+        assert_eq!(t.len(), 1);
+    }
+
+    #[test]
+    fn send_table_expires_lost_completions() {
+        let mut t: SendTable<u8> = SendTable::default();
+        t.insert(1, 1, 100);
+        t.insert(2, 2, 900);
+        t.insert(3, 3, 150);
+        t.expire(1_000, 500);
+        assert_eq!(t.len(), 1);
+        assert_eq!(t.remove(1), None);
+        assert_eq!(t.remove(3), None);
+        assert_eq!(t.remove(2), Some(2));
+        assert!(t.is_empty());
+        assert_eq!(t.slots.len(), 0);
     }
 
     #[test]

@@ -113,6 +113,8 @@ pub struct Metrics {
     total: Counter<u64>,
     dropped: Counter<u64>,
     drop_attrs: [[KeyValue; 1]; 5],
+    transport_failures: Counter<u64>,
+    event_ring_dropped: Counter<u64>,
 }
 
 impl Metrics {
@@ -149,6 +151,18 @@ impl Metrics {
                 .with_description("Malformed datagrams dropped on the probe port")
                 .build(),
             drop_attrs: DropReason::ALL.map(|r| [KeyValue::new("reason", r.as_str())]),
+            transport_failures: meter
+                .u64_counter("rpingmesh.agent.transport_failures_total")
+                .with_description(
+                    "RNIC endpoints that failed (QP error, device lost) and were re-opened",
+                )
+                .build(),
+            event_ring_dropped: meter
+                .u64_counter("rpingmesh.event_ring_dropped_total")
+                .with_description(
+                    "Completion events dropped because the poller-to-agent queue was full (rdma)",
+                )
+                .build(),
         }
     }
 
@@ -169,6 +183,16 @@ impl Metrics {
     pub fn record_failure(&self, attrs: &PathAttrs, reason: FailReason) {
         self.total.add(1, &attrs.base);
         self.failed.add(1, &attrs.failed[reason as usize]);
+    }
+
+    pub fn record_transport_failure(&self) {
+        self.transport_failures.add(1, &[]);
+    }
+
+    pub fn record_event_ring_dropped(&self, n: u64) {
+        if n > 0 {
+            self.event_ring_dropped.add(n, &[]);
+        }
     }
 
     pub fn record_dropped(&self, reason: DropReason) {

@@ -68,3 +68,148 @@ pub enum TransportKind {
     Udp,
     Rdma,
 }
+
+/// One RNIC's endpoint on either backend, dispatched statically (a match per call, no
+/// trait object on the hot path). The agent's per-RNIC driver owns one.
+pub enum Transport {
+    Udp(udp::UdpEndpoint),
+    Rdma(rdma::RdmaEndpoint),
+}
+
+impl From<udp::UdpEndpoint> for Transport {
+    fn from(ep: udp::UdpEndpoint) -> Self {
+        Transport::Udp(ep)
+    }
+}
+
+impl From<rdma::RdmaEndpoint> for Transport {
+    fn from(ep: rdma::RdmaEndpoint) -> Self {
+        Transport::Rdma(ep)
+    }
+}
+
+impl Transport {
+    pub fn kind(&self) -> TransportKind {
+        match self {
+            Transport::Udp(_) => TransportKind::Udp,
+            Transport::Rdma(_) => TransportKind::Rdma,
+        }
+    }
+
+    pub fn local(&self) -> Endpoint {
+        match self {
+            Transport::Udp(e) => e.local(),
+            Transport::Rdma(e) => e.local(),
+        }
+    }
+
+    pub fn device_name(&self) -> &str {
+        match self {
+            Transport::Udp(e) => e.device_name(),
+            Transport::Rdma(e) => e.device_name(),
+        }
+    }
+
+    /// The address for RnicInfo.ip_address.
+    pub fn ip_string(&self) -> String {
+        match self {
+            Transport::Udp(e) => e.ip_string(),
+            Transport::Rdma(e) => e.ip_string(),
+        }
+    }
+
+    /// A send whose completion timestamp is wanted (T2, T4): returns its id.
+    #[inline]
+    pub fn send(
+        &self,
+        to: &Endpoint,
+        params: &SendParams,
+        payload: &[u8],
+    ) -> std::io::Result<SendId> {
+        match self {
+            Transport::Udp(e) => e.send(to, params, payload),
+            Transport::Rdma(e) => e.send(to, params, payload),
+        }
+    }
+
+    /// A send whose completion nobody awaits. On rdma every send completes anyway (its
+    /// slot is reused only after completion); the `Sent` event is then just unmatched.
+    #[inline]
+    pub fn send_untimed(
+        &self,
+        to: &Endpoint,
+        params: &SendParams,
+        payload: &[u8],
+    ) -> std::io::Result<()> {
+        match self {
+            Transport::Udp(e) => e.send_untimed(to, params, payload),
+            Transport::Rdma(e) => e.send(to, params, payload).map(drop),
+        }
+    }
+
+    pub async fn wait_events(&self, out: &mut Vec<TransportEvent>) -> std::io::Result<()> {
+        match self {
+            Transport::Udp(e) => e.wait_events(out).await,
+            Transport::Rdma(e) => e.wait_events(out).await,
+        }
+    }
+
+    pub fn poll_events(&self, out: &mut Vec<TransportEvent>) -> std::io::Result<()> {
+        match self {
+            Transport::Udp(e) => e.poll_events(out),
+            Transport::Rdma(e) => e.poll_events(out),
+        }
+    }
+
+    /// Send completions queued now (udp: the error queue only; rdma: everything queued,
+    /// which costs no syscall).
+    pub fn poll_completions(&self, out: &mut Vec<TransportEvent>) -> std::io::Result<()> {
+        match self {
+            Transport::Udp(e) => e.poll_completions(out),
+            Transport::Rdma(e) => e.poll_events(out),
+        }
+    }
+
+    /// Counters of the rdma backend (None for udp).
+    pub fn rdma_stats(&self) -> Option<rdma::RdmaStats> {
+        match self {
+            Transport::Udp(_) => None,
+            Transport::Rdma(e) => Some(e.stats()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn transport_dispatches_to_udp() {
+        let a: Transport = udp::UdpEndpoint::bind("127.0.0.1:0".parse().unwrap(), "u0")
+            .unwrap()
+            .into();
+        let b: Transport = udp::UdpEndpoint::bind("127.0.0.1:0".parse().unwrap(), "u1")
+            .unwrap()
+            .into();
+        assert_eq!(a.kind(), TransportKind::Udp);
+        assert_eq!(a.device_name(), "u0");
+        assert_eq!(a.ip_string(), "127.0.0.1");
+        assert!(a.rdma_stats().is_none());
+        let p = SendParams::default();
+        let id = a.send(&b.local(), &p, b"timed").unwrap();
+        a.send_untimed(&b.local(), &p, b"untimed").unwrap();
+        let mut got = Vec::new();
+        while got.len() < 2 {
+            tokio::time::timeout(std::time::Duration::from_secs(5), b.wait_events(&mut got))
+                .await
+                .expect("timeout")
+                .unwrap();
+        }
+        let mut done = Vec::new();
+        a.poll_completions(&mut done).unwrap();
+        assert!(
+            matches!(done.as_slice(), [TransportEvent::Sent { id: i, .. }] if *i == id),
+            "exactly the timed send completes: {done:?}"
+        );
+    }
+}

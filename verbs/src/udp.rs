@@ -7,6 +7,14 @@
 //! implicit OPT_ID counter (0, 1, 2, ... per datagram handed to the IP layer), which it
 //! mirrors: the counter advances on success and on EPERM (a netfilter drop at ip output
 //! happens after the kernel assigned the id).
+//!
+//! Untimed sends (`send_untimed`, e.g. the responder's second ACK) switch the TX timestamp
+//! off for that one datagram with a per-send `SO_TIMESTAMPING` cmsg of 0 (Linux >= 4.13).
+//! The kernel assigns OPT_ID keys only to datagrams that request a timestamp, so an
+//! untimed send takes no id in either mode and leaves no error-queue entry to read.
+//!
+//! Receiving: `recvmmsg` in batches, only on the queue that epoll says is ready. A batch
+//! that comes back short proves the queue empty, so no trailing EAGAIN call is needed.
 
 use std::io;
 use std::mem::{size_of, zeroed};
@@ -14,8 +22,10 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
+use std::sync::Mutex;
+
 use tokio::io::unix::AsyncFd;
-use tokio::io::Interest;
+use tokio::io::{Interest, Ready};
 
 use crate::{Endpoint, SendId, SendParams, TransportEvent, VerbsError};
 
@@ -43,6 +53,38 @@ const TIMESTAMPING_FLAGS: libc::c_uint = libc::SOF_TIMESTAMPING_TX_SOFTWARE
 #[repr(C, align(8))]
 struct CmsgBuf([u8; 256]);
 
+/// Datagrams (or error-queue entries) taken per recvmmsg call.
+const RECV_BATCH: usize = 8;
+/// Per-datagram control space: SCM_TIMESTAMPING (3 timespecs) plus IP(V6)_RECVERR with
+/// its offender address fit with room to spare.
+const RECV_CTL_LEN: usize = 192;
+
+#[repr(C, align(8))]
+#[derive(Clone, Copy)]
+struct RecvCtl([u8; RECV_CTL_LEN]);
+
+/// Reusable receive buffers for one recvmmsg call (kept per endpoint: no per-call
+/// zeroing of several KiB).
+struct RecvSlots {
+    data: [[u8; RECV_DATA_LEN]; RECV_BATCH],
+    ctl: [RecvCtl; RECV_BATCH],
+    addr: [libc::sockaddr_storage; RECV_BATCH],
+    iov: [libc::iovec; RECV_BATCH],
+    hdr: [libc::mmsghdr; RECV_BATCH],
+}
+
+// SAFETY: the raw pointers inside `iov`/`hdr` only ever point into the same RecvSlots and
+// are rebuilt before every use; the slots are reached through a Mutex.
+unsafe impl Send for RecvSlots {}
+
+impl RecvSlots {
+    fn new() -> Box<RecvSlots> {
+        // SAFETY: every field is plain data for which all-zero bytes are valid (null
+        // pointers are rebuilt before use).
+        Box::new(unsafe { zeroed() })
+    }
+}
+
 pub struct UdpEndpoint {
     fd: AsyncFd<OwnedFd>,
     local_addr: SocketAddr,
@@ -54,6 +96,10 @@ pub struct UdpEndpoint {
     explicit_ids: AtomicBool,
     /// No send succeeded yet: the explicit-id probe is still open.
     probing_ids: AtomicBool,
+    /// False once the kernel refused a per-send SO_TIMESTAMPING cmsg (Linux < 4.13):
+    /// untimed sends then go out timed and their completion is simply not awaited.
+    untimed_ok: AtomicBool,
+    slots: Mutex<Box<RecvSlots>>,
 }
 
 fn sock_err(what: &'static str) -> impl FnOnce(io::Error) -> VerbsError {
@@ -306,6 +352,8 @@ impl UdpEndpoint {
             next_id: AtomicU32::new(0),
             explicit_ids: AtomicBool::new(true),
             probing_ids: AtomicBool::new(true),
+            untimed_ok: AtomicBool::new(true),
+            slots: Mutex::new(RecvSlots::new()),
         })
     }
 
@@ -357,24 +405,66 @@ impl UdpEndpoint {
         }
     }
 
-    /// Sends one datagram; returns the id its send-completion event will carry.
-    /// On IPv6 the flow label (and traffic class) is set per send.
+    /// Sends one datagram with a TX timestamp; returns the id its send-completion event
+    /// will carry. On IPv6 the flow label (and traffic class) is set per send.
     pub fn send(
         &self,
         to: &Endpoint,
         params: &SendParams,
         payload: &[u8],
     ) -> std::io::Result<SendId> {
+        let (ss, slen) = self.dest_sockaddr(to, params)?;
+        self.send_timed(&ss, slen, params, payload)
+    }
+
+    /// Sends one datagram whose send completion nobody needs (no TX timestamp, no send
+    /// id, nothing to read back from the error queue).
+    pub fn send_untimed(
+        &self,
+        to: &Endpoint,
+        params: &SendParams,
+        payload: &[u8],
+    ) -> std::io::Result<()> {
+        let (ss, slen) = self.dest_sockaddr(to, params)?;
+        if self.untimed_ok.load(Ordering::Relaxed) {
+            match self.sendmsg(&ss, slen, params, payload, Stamp::Off) {
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                    // Only a kernel without per-send SO_TIMESTAMPING refuses this cmsg;
+                    // the datagram itself is validated identically on the timed path.
+                    tracing::debug!("udp transport: kernel lacks per-send SO_TIMESTAMPING; untimed sends are timed");
+                    self.untimed_ok.store(false, Ordering::Relaxed);
+                }
+                r => return r,
+            }
+        }
+        // A timed send keeps the implicit id counter in step; its completion is ignored.
+        self.send_timed(&ss, slen, params, payload).map(drop)
+    }
+
+    fn dest_sockaddr(
+        &self,
+        to: &Endpoint,
+        params: &SendParams,
+    ) -> io::Result<(libc::sockaddr_storage, libc::socklen_t)> {
         let dest = self.dest(to)?;
         let flowinfo_be = if self.is_v6 {
             (params.flow_label & 0xF_FFFF).to_be()
         } else {
             0
         };
-        let (ss, slen) = to_sockaddr(&dest, flowinfo_be);
+        Ok(to_sockaddr(&dest, flowinfo_be))
+    }
+
+    fn send_timed(
+        &self,
+        ss: &libc::sockaddr_storage,
+        slen: libc::socklen_t,
+        params: &SendParams,
+        payload: &[u8],
+    ) -> io::Result<SendId> {
         if self.explicit_ids.load(Ordering::Relaxed) {
             let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-            match self.sendmsg(&ss, slen, params, payload, Some(id)) {
+            match self.sendmsg(ss, slen, params, payload, Stamp::Id(id)) {
                 Ok(()) => {
                     self.probing_ids.store(false, Ordering::Relaxed);
                     return Ok(id);
@@ -384,18 +474,19 @@ impl UdpEndpoint {
                         && self.probing_ids.load(Ordering::Relaxed) =>
                 {
                     // Maybe a kernel without SCM_TS_OPT_ID: retry on the implicit counter.
-                    self.sendmsg(&ss, slen, params, payload, None)?;
+                    self.sendmsg(ss, slen, params, payload, Stamp::Implicit)?;
                     tracing::debug!("udp transport: kernel lacks SCM_TS_OPT_ID, using the implicit OPT_ID counter");
                     self.explicit_ids.store(false, Ordering::Relaxed);
                     self.probing_ids.store(false, Ordering::Relaxed);
-                    // No send succeeded before, so the kernel counter was 0 and is now 1.
+                    // No timed send succeeded before (untimed ones take no key), so the
+                    // kernel counter was 0 and is now 1.
                     self.next_id.store(1, Ordering::Relaxed);
                     return Ok(0);
                 }
                 Err(e) => return Err(e),
             }
         }
-        match self.sendmsg(&ss, slen, params, payload, None) {
+        match self.sendmsg(ss, slen, params, payload, Stamp::Implicit) {
             Ok(()) => Ok(self.next_id.fetch_add(1, Ordering::Relaxed)),
             Err(e) => {
                 if e.raw_os_error() == Some(libc::EPERM) {
@@ -412,36 +503,37 @@ impl UdpEndpoint {
         dest_len: libc::socklen_t,
         params: &SendParams,
         payload: &[u8],
-        id: Option<u32>,
+        stamp: Stamp,
     ) -> io::Result<()> {
         let mut ctl = CmsgBuf([0; 256]);
         let mut off = 0;
         let tc = params.traffic_class as libc::c_int;
-        if self.is_v6 {
-            push_cmsg(
-                &mut ctl,
-                &mut off,
-                libc::IPPROTO_IPV6,
-                libc::IPV6_TCLASS,
-                &tc.to_ne_bytes(),
-            );
-        } else {
-            push_cmsg(
-                &mut ctl,
-                &mut off,
-                libc::IPPROTO_IP,
-                libc::IP_TOS,
-                &tc.to_ne_bytes(),
-            );
+        // 0 is the socket's own TOS / traffic class: no cmsg needed for it.
+        if tc != 0 {
+            let (level, ty) = if self.is_v6 {
+                (libc::IPPROTO_IPV6, libc::IPV6_TCLASS)
+            } else {
+                (libc::IPPROTO_IP, libc::IP_TOS)
+            };
+            push_cmsg(&mut ctl, &mut off, level, ty, &tc.to_ne_bytes());
         }
-        if let Some(id) = id {
-            push_cmsg(
+        match stamp {
+            Stamp::Id(id) => push_cmsg(
                 &mut ctl,
                 &mut off,
                 libc::SOL_SOCKET,
                 SCM_TS_OPT_ID,
                 &id.to_ne_bytes(),
-            );
+            ),
+            // Clears the TX record flags for this datagram only.
+            Stamp::Off => push_cmsg(
+                &mut ctl,
+                &mut off,
+                libc::SOL_SOCKET,
+                SO_TIMESTAMPING,
+                &0u32.to_ne_bytes(),
+            ),
+            Stamp::Implicit => {}
         }
         let mut iov = libc::iovec {
             iov_base: payload.as_ptr() as *mut libc::c_void,
@@ -453,8 +545,10 @@ impl UdpEndpoint {
         msg.msg_namelen = dest_len;
         msg.msg_iov = &mut iov;
         msg.msg_iovlen = 1;
-        msg.msg_control = ctl.0.as_mut_ptr() as *mut libc::c_void;
-        msg.msg_controllen = off as _;
+        if off > 0 {
+            msg.msg_control = ctl.0.as_mut_ptr() as *mut libc::c_void;
+            msg.msg_controllen = off as _;
+        }
         loop {
             // SAFETY: `msg` describes valid buffers (see above).
             let r = unsafe { libc::sendmsg(self.fd.as_raw_fd(), &msg, libc::MSG_DONTWAIT) };
@@ -473,101 +567,154 @@ impl UdpEndpoint {
     pub async fn wait_events(&self, out: &mut Vec<TransportEvent>) -> std::io::Result<()> {
         loop {
             let mut guard = self.fd.ready(Interest::READABLE | Interest::ERROR).await?;
+            let ready = guard.ready();
             let before = out.len();
-            // Drained to EAGAIN on both queues, so clearing cannot lose an edge: tokio
-            // keeps readiness that arrived after `ready()` returned.
-            self.poll_events(out)?;
-            guard.clear_ready();
+            // Read only the queue epoll named. Readiness is cleared only for a queue seen
+            // empty; tokio keeps readiness that arrived after `ready()` returned, so no
+            // edge is lost.
+            let mut empty = Ready::EMPTY;
+            let (data, err) = if ready.is_readable() || ready.is_error() {
+                (ready.is_readable(), ready.is_error())
+            } else {
+                (true, true) // e.g. a closed state only: look at both, clear both
+            };
+            if data && self.recv_batch(false, out)? {
+                empty |= Ready::READABLE;
+            }
+            if err && self.recv_batch(true, out)? {
+                empty |= Ready::ERROR;
+            }
+            guard.clear_ready_matching(empty);
             if out.len() > before {
                 return Ok(());
             }
         }
     }
 
-    /// Non-blocking: appends whatever is ready now.
+    /// Non-blocking: appends whatever is ready now on both queues.
     pub fn poll_events(&self, out: &mut Vec<TransportEvent>) -> std::io::Result<()> {
-        while self.recv_one(true, out)? {}
-        while self.recv_one(false, out)? {}
-        // Completions that raced with the data drain.
-        while self.recv_one(true, out)? {}
+        while !self.recv_batch(false, out)? {}
+        while !self.recv_batch(true, out)? {}
         Ok(())
     }
 
-    /// One recvmsg on the data queue or the error queue. Ok(false) when it is empty.
-    fn recv_one(&self, errqueue: bool, out: &mut Vec<TransportEvent>) -> io::Result<bool> {
-        let mut data = [0u8; RECV_DATA_LEN];
-        let mut ctl = CmsgBuf([0; 256]);
-        // SAFETY: all-zero is a valid sockaddr_storage.
-        let mut from: libc::sockaddr_storage = unsafe { zeroed() };
-        let mut iov = libc::iovec {
-            iov_base: data.as_mut_ptr() as *mut libc::c_void,
-            iov_len: data.len(),
-        };
-        // SAFETY: all-zero is a valid msghdr; the buffers set below outlive the call.
-        let mut msg: libc::msghdr = unsafe { zeroed() };
-        msg.msg_name = &mut from as *mut _ as *mut libc::c_void;
-        msg.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = ctl.0.as_mut_ptr() as *mut libc::c_void;
-        msg.msg_controllen = ctl.0.len() as _;
+    /// Non-blocking: appends the send completions (TX timestamps) queued now. Worth one
+    /// syscall right after a timed send: on loopback, veth and most drivers the software
+    /// TX timestamp is queued before `sendmsg` returns.
+    pub fn poll_completions(&self, out: &mut Vec<TransportEvent>) -> std::io::Result<()> {
+        while !self.recv_batch(true, out)? {}
+        Ok(())
+    }
+
+    /// One recvmmsg on the data queue or the error queue. Ok(true) when the call proved
+    /// the queue empty (fewer entries than asked for, or EAGAIN).
+    fn recv_batch(&self, errqueue: bool, out: &mut Vec<TransportEvent>) -> io::Result<bool> {
+        let mut guard = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        let s: &mut RecvSlots = &mut guard;
+        for i in 0..RECV_BATCH {
+            s.iov[i] = libc::iovec {
+                iov_base: s.data[i].as_mut_ptr() as *mut libc::c_void,
+                iov_len: RECV_DATA_LEN,
+            };
+            let h = &mut s.hdr[i].msg_hdr;
+            h.msg_name = &mut s.addr[i] as *mut _ as *mut libc::c_void;
+            h.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            h.msg_iov = &mut s.iov[i];
+            h.msg_iovlen = 1;
+            h.msg_control = s.ctl[i].0.as_mut_ptr() as *mut libc::c_void;
+            h.msg_controllen = RECV_CTL_LEN as _;
+            h.msg_flags = 0;
+            s.hdr[i].msg_len = 0;
+        }
         let flags =
             libc::MSG_DONTWAIT | libc::MSG_TRUNC | if errqueue { libc::MSG_ERRQUEUE } else { 0 };
         let n = loop {
-            // SAFETY: `msg` describes valid writable buffers (see above).
-            let r = unsafe { libc::recvmsg(self.fd.as_raw_fd(), &mut msg, flags) };
+            // SAFETY: every header points at buffers inside `s`, which the lock keeps
+            // alive and unshared for the call.
+            let r = unsafe {
+                libc::recvmmsg(
+                    self.fd.as_raw_fd(),
+                    s.hdr.as_mut_ptr(),
+                    RECV_BATCH as libc::c_uint,
+                    flags as _,
+                    std::ptr::null_mut(),
+                )
+            };
             if r >= 0 {
                 break r as usize;
             }
             let e = io::Error::last_os_error();
             match e.kind() {
                 io::ErrorKind::Interrupted => continue,
-                io::ErrorKind::WouldBlock => return Ok(false),
+                io::ErrorKind::WouldBlock => return Ok(true),
                 _ => return Err(e),
             }
         };
-        let ctl_len = (msg.msg_controllen as usize).min(ctl.0.len());
-        let ctl = &ctl.0[..ctl_len];
-        if errqueue {
-            let mut ts = None;
-            let mut ee = None;
-            for (level, ty, d) in cmsgs(ctl) {
-                match (level, ty) {
-                    (libc::SOL_SOCKET, SCM_TIMESTAMPING) => ts = software_ts(d),
-                    (libc::SOL_IP, libc::IP_RECVERR) | (libc::SOL_IPV6, libc::IPV6_RECVERR) => {
-                        ee = extended_err(d)
-                    }
-                    _ => {}
+        for i in 0..n.min(RECV_BATCH) {
+            let h = &s.hdr[i];
+            #[allow(clippy::unnecessary_cast)] // size_t on glibc, socklen_t on musl
+            let ctl_len = (h.msg_hdr.msg_controllen as usize).min(RECV_CTL_LEN);
+            let ctl = &s.ctl[i].0[..ctl_len];
+            if errqueue {
+                if let Some(ev) = completion_event(ctl) {
+                    out.push(ev);
                 }
+                continue;
             }
-            // Anything else on the error queue (none expected: IP_RECVERR is off) is dropped.
-            if let (Some(tx_ts_ns), Some(ee)) = (ts, ee) {
-                if ee.ee_errno == libc::ENOMSG as u32
-                    && ee.ee_origin == SO_EE_ORIGIN_TIMESTAMPING
-                    && ee.ee_info == SCM_TSTAMP_SND
-                {
-                    out.push(TransportEvent::Sent {
-                        id: ee.ee_data,
-                        tx_ts_ns,
-                    });
-                }
-            }
-            return Ok(true);
+            let Some(addr) = from_sockaddr(&s.addr[i], h.msg_hdr.msg_namelen) else {
+                continue; // no usable source address: nothing to answer
+            };
+            let len = h.msg_len as usize;
+            let mut data = [0u8; RECV_DATA_LEN];
+            let k = len.min(RECV_DATA_LEN);
+            data[..k].copy_from_slice(&s.data[i][..k]);
+            let rx_ts_ns = cmsgs(ctl)
+                .find(|&(l, t, _)| l == libc::SOL_SOCKET && t == SCM_TIMESTAMPING)
+                .and_then(|(_, _, d)| software_ts(d));
+            out.push(TransportEvent::Received {
+                from: endpoint_of(&addr),
+                len,
+                data,
+                rx_ts_ns,
+            });
         }
-        let Some(addr) = from_sockaddr(&from, msg.msg_namelen) else {
-            return Ok(true); // no usable source address: nothing to answer
-        };
-        let rx_ts_ns = cmsgs(ctl)
-            .find(|&(l, t, _)| l == libc::SOL_SOCKET && t == SCM_TIMESTAMPING)
-            .and_then(|(_, _, d)| software_ts(d));
-        out.push(TransportEvent::Received {
-            from: endpoint_of(&addr),
-            len: n,
-            data,
-            rx_ts_ns,
-        });
-        Ok(true)
+        Ok(n < RECV_BATCH)
     }
+}
+
+/// How a send asks for its TX timestamp.
+#[derive(Clone, Copy)]
+enum Stamp {
+    /// Timestamped, keyed by this explicit id (SCM_TS_OPT_ID).
+    Id(u32),
+    /// Timestamped, keyed by the kernel's implicit OPT_ID counter.
+    Implicit,
+    /// Not timestamped.
+    Off,
+}
+
+/// The `Sent` event of one error-queue entry; None for anything that is not a software
+/// TX timestamp (none expected: IP_RECVERR is off).
+fn completion_event(ctl: &[u8]) -> Option<TransportEvent> {
+    let mut ts = None;
+    let mut ee = None;
+    for (level, ty, d) in cmsgs(ctl) {
+        match (level, ty) {
+            (libc::SOL_SOCKET, SCM_TIMESTAMPING) => ts = software_ts(d),
+            (libc::SOL_IP, libc::IP_RECVERR) | (libc::SOL_IPV6, libc::IPV6_RECVERR) => {
+                ee = extended_err(d)
+            }
+            _ => {}
+        }
+    }
+    let (tx_ts_ns, ee) = (ts?, ee?);
+    (ee.ee_errno == libc::ENOMSG as u32
+        && ee.ee_origin == SO_EE_ORIGIN_TIMESTAMPING
+        && ee.ee_info == SCM_TSTAMP_SND)
+        .then_some(TransportEvent::Sent {
+            id: ee.ee_data,
+            tx_ts_ns,
+        })
 }
 
 #[cfg(test)]
@@ -705,6 +852,82 @@ mod tests {
         }
         assert_eq!(ids, [0, 1, 2, 3, 4]);
         assert_eq!(completions(&a, 5).await, ids);
+    }
+
+    /// Untimed sends take no id and leave no completion; timed ids stay contiguous and
+    /// match the kernel's, in both id modes.
+    async fn untimed_sends_take_no_id(explicit: bool) {
+        let a = UdpEndpoint::bind("127.0.0.1:0".parse().unwrap(), "a").unwrap();
+        let b = UdpEndpoint::bind("127.0.0.1:0".parse().unwrap(), "b").unwrap();
+        if !explicit {
+            a.explicit_ids.store(false, Ordering::Relaxed);
+            a.probing_ids.store(false, Ordering::Relaxed);
+        }
+        let p = SendParams::default();
+        let mut ids = Vec::new();
+        for i in 0..4u8 {
+            a.send_untimed(&b.local(), &p, &[i]).unwrap();
+            ids.push(a.send(&b.local(), &p, &[i]).unwrap());
+            a.send_untimed(&b.local(), &p, &[i]).unwrap();
+        }
+        assert!(
+            a.untimed_ok.load(Ordering::Relaxed),
+            "per-send SO_TIMESTAMPING refused"
+        );
+        assert_eq!(ids, [0, 1, 2, 3]);
+        assert_eq!(completions(&a, 4).await, ids);
+        // Every datagram arrived, and nothing more is queued on a's error queue.
+        let mut got = Vec::new();
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+        while got.len() < 12 {
+            tokio::time::timeout_at(deadline, b.wait_events(&mut got))
+                .await
+                .expect("timeout")
+                .unwrap();
+        }
+        assert!(got.iter().all(|e| matches!(
+            e,
+            TransportEvent::Received {
+                len: 1,
+                rx_ts_ns: Some(_),
+                ..
+            }
+        )));
+        let mut rest = Vec::new();
+        a.poll_completions(&mut rest).unwrap();
+        assert!(rest.is_empty(), "{rest:?}");
+    }
+
+    #[tokio::test]
+    async fn untimed_sends_explicit_ids() {
+        untimed_sends_take_no_id(true).await;
+    }
+
+    #[tokio::test]
+    async fn untimed_sends_implicit_ids() {
+        untimed_sends_take_no_id(false).await;
+    }
+
+    #[tokio::test]
+    async fn batches_larger_than_one_recvmmsg() {
+        let a = UdpEndpoint::bind("[::1]:0".parse().unwrap(), "a").unwrap();
+        let b = UdpEndpoint::bind("[::1]:0".parse().unwrap(), "b").unwrap();
+        let n = 3 * RECV_BATCH + 1;
+        for i in 0..n {
+            a.send(&b.local(), &SendParams::default(), &[i as u8; 40])
+                .unwrap();
+        }
+        let mut ev = Vec::new();
+        b.poll_events(&mut ev).unwrap();
+        let firsts: Vec<u8> = ev
+            .iter()
+            .map(|e| match e {
+                TransportEvent::Received { len: 40, data, .. } => data[0],
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(firsts, (0..n as u8).collect::<Vec<_>>());
+        assert_eq!(completions(&a, n).await, (0..n as u32).collect::<Vec<_>>());
     }
 
     #[test]

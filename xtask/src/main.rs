@@ -1,6 +1,7 @@
 //! Project automation: `cargo xtask <deps|test|demo|bench>`.
 
 mod bench;
+mod build_ebpf;
 mod demo;
 mod procs;
 
@@ -27,6 +28,11 @@ enum Cmd {
     Demo(demo::DemoArgs),
     /// Run the benchmarks (release) and write BENCHMARKS.md.
     Bench(bench::BenchArgs),
+    /// Build the eBPF programs (agent-ebpf), installing nightly pieces and bpf-linker when missing.
+    BuildEbpf,
+    /// On an RDMA host (or soft-RoCE): open every device, print GID tables, timestamp
+    /// support and a loopback probe RTT. Fails with one clear line where there is no RDMA.
+    HwCheck,
 }
 
 fn main() -> ExitCode {
@@ -36,6 +42,8 @@ fn main() -> ExitCode {
         Cmd::Test => test(),
         Cmd::Demo(a) => demo::run(a),
         Cmd::Bench(a) => bench::run(a),
+        Cmd::BuildEbpf => build_ebpf::build_ebpf(&root()).map(|obj| println!("{}", obj.display())),
+        Cmd::HwCheck => hw_check(),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,
@@ -90,11 +98,24 @@ pub fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
-/// (tool, Debian package, why we need it)
-const NEEDED: &[(&str, &str, &str)] = &[
-    ("ip", "iproute2", "network namespaces, veth and bridges for the e2e mesh test"),
-    ("nft", "nftables", "packet-loss injection in the e2e mesh test"),
-    ("ps", "procps", "process inspection (ps, pgrep) for demo and bench debugging"),
+/// What the tests, demo and the rdma build need: (what, present?, Debian package, why).
+struct Need {
+    what: &'static str,
+    present: fn() -> bool,
+    package: &'static str,
+    why: &'static str,
+}
+
+const NEEDED: &[Need] = &[
+    Need { what: "ip", present: || have_tool("ip"), package: "iproute2", why: "network namespaces, veth and bridges for the e2e mesh test" },
+    Need { what: "nft", present: || have_tool("nft"), package: "nftables", why: "packet-loss injection in the e2e mesh test" },
+    Need { what: "ps", present: || have_tool("ps"), package: "procps", why: "process inspection for demo and bench" },
+    Need { what: "pkg-config", present: || have_tool("pkg-config"), package: "pkg-config", why: "locating libibverbs for the rdma backend (rdma-sys)" },
+    Need { what: "infiniband/verbs.h", present: || Path::new("/usr/include/infiniband/verbs.h").is_file(), package: "libibverbs-dev", why: "the rdma backend's verbs bindings and the eBPF uprobe ABI checks" },
+    Need { what: "rdma/rdma_cma.h", present: || Path::new("/usr/include/rdma/rdma_cma.h").is_file(), package: "librdmacm-dev", why: "rdma-sys binds rdma_cma.h too" },
+    Need { what: "libclang", present: have_libclang, package: "libclang-dev", why: "bindgen, which generates the verbs bindings" },
+    Need { what: "clang", present: || have_tool("clang"), package: "clang", why: "bindgen's C headers (stddef.h) for the verbs bindings" },
+    Need { what: "cc", present: || have_tool("cc"), package: "gcc", why: "C checks of the libibverbs struct layouts" },
 ];
 
 fn have_tool(tool: &str) -> bool {
@@ -104,19 +125,28 @@ fn have_tool(tool: &str) -> bool {
         .any(|d| d.join(tool).is_file())
 }
 
+fn have_libclang() -> bool {
+    ["/usr/lib/x86_64-linux-gnu", "/usr/lib/llvm-14/lib", "/usr/lib/llvm-15/lib", "/usr/lib/llvm-16/lib", "/usr/lib"]
+        .iter()
+        .filter_map(|d| std::fs::read_dir(d).ok())
+        .flat_map(|rd| rd.filter_map(|e| e.ok()))
+        .any(|e| e.file_name().to_string_lossy().starts_with("libclang"))
+}
+
 /// Installs what is missing (root) or says how to (not root).
 pub fn deps() -> Result<()> {
-    let missing: Vec<&(&str, &str, &str)> = NEEDED.iter().filter(|(t, _, _)| !have_tool(t)).collect();
+    let missing: Vec<&Need> = NEEDED.iter().filter(|n| !(n.present)()).collect();
     if missing.is_empty() {
         eprintln!(
-            "xtask deps: all system tools present ({})",
-            NEEDED.iter().map(|(t, _, _)| *t).collect::<Vec<_>>().join(", ")
+            "xtask deps: all system packages present ({})",
+            NEEDED.iter().map(|n| n.package).collect::<Vec<_>>().join(", ")
         );
         return Ok(());
     }
-    let pkgs: Vec<&str> = missing.iter().map(|(_, p, _)| *p).collect();
-    for (tool, pkg, why) in &missing {
-        eprintln!("xtask deps: `{tool}` is missing: package {pkg} ({why})");
+    let mut pkgs: Vec<&str> = missing.iter().map(|n| n.package).collect();
+    pkgs.dedup();
+    for n in &missing {
+        eprintln!("xtask deps: `{}` is missing: installing package {} ({})", n.what, n.package, n.why);
     }
     if !is_root() {
         eprintln!(
@@ -141,23 +171,29 @@ pub fn deps() -> Result<()> {
         .args(&pkgs)
         .env("DEBIAN_FRONTEND", "noninteractive");
     run_streamed(install, &format!("apt-get install -y {}", pkgs.join(" ")))?;
-    for (tool, pkg, _) in &missing {
-        if !have_tool(tool) {
-            bail!("`{tool}` still missing after installing {pkg}");
+    for n in &missing {
+        if !(n.present)() {
+            bail!("`{}` still missing after installing {}", n.what, n.package);
         }
     }
     Ok(())
 }
 
+/// The one feature set tests build with: the rdma backend compiled in (it must build in
+/// CI even though no RDMA device exists here).
+const TEST_FEATURES: &str = "rpingmesh-verbs/rdma";
+
 fn test() -> Result<()> {
     deps()?;
+    // Before the workspace build: service-tracer embeds the object it finds at build time.
+    build_ebpf::build_ebpf(&root())?;
     let mut build = cargo();
-    build.args(["build", "--workspace", "--all-targets"]);
-    run_streamed(build, "cargo build --workspace --all-targets")?;
+    build.args(["build", "--workspace", "--all-targets", "--features", TEST_FEATURES]);
+    run_streamed(build, &format!("cargo build --workspace --all-targets --features {TEST_FEATURES}"))?;
     let mut t = cargo();
-    t.args(["test", "--workspace"]);
+    t.args(["test", "--workspace", "--features", TEST_FEATURES]);
     // e2e tests find the binaries next to their own executable (target/debug).
-    run_streamed(t, "cargo test --workspace")?;
+    run_streamed(t, &format!("cargo test --workspace --features {TEST_FEATURES}"))?;
     if !is_root() {
         eprintln!(
             "xtask test: note: not root, so the network-namespace e2e test was skipped \
@@ -165,4 +201,11 @@ fn test() -> Result<()> {
         );
     }
     Ok(())
+}
+
+fn hw_check() -> Result<()> {
+    deps()?;
+    let mut c = cargo();
+    c.args(["run", "--quiet", "-p", "rpingmesh-verbs", "--features", "rdma", "--bin", "rpingmesh-hw-check"]);
+    run_streamed(c, "rpingmesh-hw-check")
 }
