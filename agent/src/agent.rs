@@ -13,12 +13,13 @@ use rpingmesh_verbs::{Transport, VerbsError};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::cluster_monitor::{run_cluster_monitor, MonitorParams, Registrar};
-use crate::config::AgentConfig;
+use crate::cluster_monitor::{monitored_kinds, run_cluster_monitor, MonitorParams, Registrar};
+use crate::config::{AgentConfig, ServiceTracingMode};
 use crate::controller_client::{registration_request, ControllerClient, LocalRnic};
 use crate::reopen::{ReopenStep, Reopener};
 use crate::report;
 use crate::rnic::{DriverExit, DriverIo, DriverParams, DriverStats, RnicDriver};
+use crate::service::{self, FlowReporterParams, LocalDevice, ServiceNames};
 use crate::targets::Pinglists;
 use crate::telemetry::Metrics;
 
@@ -89,6 +90,9 @@ pub struct RunningAgent {
     drivers: Vec<JoinHandle<()>>,
     monitors: Vec<JoinHandle<()>>,
     reporter: Option<JoinHandle<()>>,
+    flow_reporter: Option<JoinHandle<()>>,
+    /// The running service tracer (None: tracing off, the reason was logged).
+    pub tracer: Option<Arc<rpingmesh_service_tracer::ServiceTracer>>,
     pub stats: Vec<Arc<DriverStats>>,
     pub registrar: Arc<Registrar>,
 }
@@ -123,6 +127,37 @@ pub fn start<R: Into<OpenedRnic>>(
         (None, None)
     };
 
+    // Service tracing: the tracer resolves local GIDs over this agent's own RNICs only.
+    let devices: std::collections::HashMap<String, LocalDevice> = endpoints
+        .iter()
+        .zip(&rnics)
+        .map(|(ep, r)| {
+            let d = match &ep.endpoint {
+                Transport::Udp(_) => LocalDevice::Udp { gid: r.gid },
+                Transport::Rdma(_) => LocalDevice::Rdma,
+            };
+            (r.device_name.clone(), d)
+        })
+        .collect();
+    let tracer = service::start_tracer(cfg, devices);
+    let (kick_tx, kick_rx) = watch::channel(0u64);
+    let flow_reporter = tracer.as_ref().map(|t| {
+        tokio::spawn(service::run_flow_reporter(
+            t.clone(),
+            client.clone(),
+            registrar.clone(),
+            FlowReporterParams {
+                agent_id: cfg.agent_id.clone(),
+                interval: Duration::from_millis(cfg.service_flow_report_interval_ms),
+                names: ServiceNames::new(cfg.service_names.clone()),
+            },
+            metrics.clone(),
+            kick_tx,
+            shutdown_tx.subscribe(),
+        ))
+    });
+
+    let base_params = DriverParams::from_config(cfg, seq_epoch);
     let mut drivers = Vec::new();
     let mut monitors = Vec::new();
     let mut pending_monitors = Vec::new();
@@ -135,7 +170,7 @@ pub fn start<R: Into<OpenedRnic>>(
         stats.push(driver_stats.clone());
         drivers.push(tokio::spawn(supervise_rnic(
             ep,
-            DriverParams::from_config(cfg, seq_epoch),
+            base_params.clone(),
             metrics.clone(),
             driver_stats,
             DriverIo {
@@ -167,6 +202,10 @@ pub fn start<R: Into<OpenedRnic>>(
                 tor_id: cfg.tor_id.clone(),
                 requester_gid: gid,
                 update_interval: Duration::from_secs(cfg.pinglist_update_interval_sec),
+                // SERVICE lists exist for this agent only while it reports flows; with
+                // tracing configured off there is nothing to fetch.
+                kinds: monitored_kinds(cfg.service_tracing_mode != ServiceTracingMode::Off),
+                service_kick: Some(kick_rx.clone()),
             },
             ptx,
             shutdown_tx.subscribe(),
@@ -177,6 +216,8 @@ pub fn start<R: Into<OpenedRnic>>(
         drivers,
         monitors,
         reporter,
+        flow_reporter,
+        tracer,
         stats,
         registrar,
     })
@@ -273,6 +314,9 @@ impl RunningAgent {
         let _ = self.shutdown.send(true);
         for m in &self.monitors {
             m.abort();
+        }
+        if let Some(f) = self.flow_reporter {
+            f.abort();
         }
         for d in self.drivers {
             let _ = d.await;

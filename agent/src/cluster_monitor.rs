@@ -122,21 +122,38 @@ pub struct MonitorParams {
     /// This RNIC's GID, full form (the pinglist requester).
     pub requester_gid: String,
     pub update_interval: Duration,
+    /// Lists fetched every interval (SERVICE only while service tracing is configured).
+    pub kinds: Vec<PinglistKind>,
+    /// Bumped by the service-flow reporter after it reported changes: the SERVICE list is
+    /// fetched again at once (new service paths get probed within seconds).
+    pub service_kick: Option<watch::Receiver<u64>>,
+}
+
+/// Lists fetched by default: ToR-mesh and inter-ToR, plus SERVICE when `service`.
+pub fn monitored_kinds(service: bool) -> Vec<PinglistKind> {
+    let mut k = vec![PinglistKind::TorMesh, PinglistKind::InterTor];
+    if service {
+        k.push(PinglistKind::Service);
+    }
+    k
 }
 
 /// Runs until `shutdown` turns true (or its sender is dropped).
 pub async fn run_cluster_monitor(
     registrar: Arc<Registrar>,
     client: ControllerClient,
-    params: MonitorParams,
+    mut params: MonitorParams,
     tx: watch::Sender<Arc<Pinglists>>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut cached = Pinglists::default();
     let mut failures = 0u32;
     let cap = params.update_interval.min(Duration::from_secs(60));
+    let mut kick = params.service_kick.take();
+    let kinds = params.kinds.clone();
+    let service = kinds.contains(&PinglistKind::Service);
     loop {
-        let ok = refresh(&registrar, &client, &params, &mut cached, &tx).await;
+        let ok = refresh(&registrar, &client, &params, &kinds, &mut cached, &tx).await;
         let wait = if ok {
             if failures > 0 {
                 tracing::info!(gid = %params.requester_gid, "pinglists fetched again");
@@ -147,19 +164,40 @@ pub async fn run_cluster_monitor(
             failures += 1;
             backoff(failures, cap)
         };
-        tokio::select! {
-            _ = tokio::time::sleep(wait) => {}
-            r = shutdown.wait_for(|s| *s) => { let _ = r; return; }
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            enum Wake {
+                Period,
+                Shutdown,
+                Kick(bool),
+            }
+            let wake = tokio::select! {
+                _ = tokio::time::sleep_until(deadline) => Wake::Period,
+                _ = shutdown.wait_for(|s| *s) => Wake::Shutdown,
+                r = async { kick.as_mut().expect("guarded").changed().await }, if kick.is_some() => Wake::Kick(r.is_ok()),
+            };
+            match wake {
+                Wake::Period => break,
+                Wake::Shutdown => return,
+                // The reporter is gone: periodic refreshes only.
+                Wake::Kick(false) => kick = None,
+                Wake::Kick(true) if service => {
+                    // Out of schedule: the periodic refresh keeps its deadline.
+                    let _ = refresh(&registrar, &client, &params, &[PinglistKind::Service], &mut cached, &tx).await;
+                }
+                Wake::Kick(true) => {}
+            }
         }
     }
 }
 
-/// One refresh of both lists; true when both were fetched. A list that fails keeps its
+/// One refresh of `kinds`; true when all were fetched. A list that fails keeps its
 /// cached value.
 async fn refresh(
     registrar: &Registrar,
     client: &ControllerClient,
     p: &MonitorParams,
+    kinds: &[PinglistKind],
     cached: &mut Pinglists,
     tx: &watch::Sender<Arc<Pinglists>>,
 ) -> bool {
@@ -168,7 +206,7 @@ async fn refresh(
     }
     let mut all_ok = true;
     let mut changed = false;
-    for kind in [PinglistKind::TorMesh, PinglistKind::InterTor] {
+    for &kind in kinds {
         let mut res = client
             .get_pinglist(&p.agent_id, &p.tor_id, &p.requester_gid, kind)
             .await;

@@ -50,6 +50,12 @@ pub const KEYS: &[&str] = &[
     "metrics_export_interval_ms",
     "responder_only",
     "report_batch_max",
+    "service_tracing_mode",
+    "service_probe_rate_per_second",
+    "service_tracing_uprobe_targets",
+    "service_names",
+    "max_service_names",
+    "service_flow_report_interval_ms",
 ];
 
 pub const ENV_PREFIX: &str = "RPINGMESH_";
@@ -67,6 +73,28 @@ pub enum TlsMode {
 pub enum Transport {
     Udp,
     Rdma,
+}
+
+/// How service QPs are traced (`service_tracing_mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ServiceTracingMode {
+    /// kprobes when the kernel has the ib_uverbs symbols, else libibverbs uprobes.
+    Auto,
+    Kprobe,
+    Uprobe,
+    Off,
+}
+
+impl ServiceTracingMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ServiceTracingMode::Auto => "auto",
+            ServiceTracingMode::Kprobe => "kprobe",
+            ServiceTracingMode::Uprobe => "uprobe",
+            ServiceTracingMode::Off => "off",
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -127,6 +155,18 @@ pub struct AgentConfig {
     /// Register and answer probes, send none.
     pub responder_only: bool,
     pub report_batch_max: usize,
+    pub service_tracing_mode: ServiceTracingMode,
+    /// 0 = inherit target_probe_rate_per_second.
+    pub service_probe_rate_per_second: f64,
+    /// Extra binaries or libraries (absolute paths) to attach the libibverbs uprobes to.
+    #[serde(deserialize_with = "string_list")]
+    pub service_tracing_uprobe_targets: Vec<String>,
+    /// Process name (comm) -> configured service name.
+    #[serde(deserialize_with = "string_map")]
+    pub service_names: std::collections::BTreeMap<String, String>,
+    /// Distinct `service` metric attribute values; beyond it the value is "other".
+    pub max_service_names: usize,
+    pub service_flow_report_interval_ms: u64,
 }
 
 impl Default for AgentConfig {
@@ -170,6 +210,12 @@ impl Default for AgentConfig {
             metrics_export_interval_ms: 10_000,
             responder_only: false,
             report_batch_max: 256,
+            service_tracing_mode: ServiceTracingMode::Auto,
+            service_probe_rate_per_second: 0.0,
+            service_tracing_uprobe_targets: Vec::new(),
+            service_names: std::collections::BTreeMap::new(),
+            max_service_names: 32,
+            service_flow_report_interval_ms: 1000,
         }
     }
 }
@@ -306,6 +352,25 @@ pub struct CliArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub report_batch_max: Option<usize>,
+    #[arg(long, value_parser = ["auto", "kprobe", "uprobe", "off"])]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub service_tracing_mode: Option<String>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub service_probe_rate_per_second: Option<f64>,
+    #[arg(long, value_delimiter = ',')]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub service_tracing_uprobe_targets: Option<Vec<String>>,
+    /// `comm=name,comm2=name2`
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub service_names: Option<String>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_service_names: Option<usize>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub service_flow_report_interval_ms: Option<u64>,
 }
 
 impl AgentConfig {
@@ -369,6 +434,11 @@ impl AgentConfig {
             (
                 "inter_tor_probe_rate_per_second",
                 self.inter_tor_probe_rate_per_second,
+                true,
+            ),
+            (
+                "service_probe_rate_per_second",
+                self.service_probe_rate_per_second,
                 true,
             ),
         ] {
@@ -451,6 +521,33 @@ impl AgentConfig {
         if self.report_batch_max == 0 {
             return Err(err("report_batch_max must be > 0"));
         }
+        self.validate_service()
+    }
+
+    fn validate_service(&self) -> Result<(), ConfigError> {
+        for t in &self.service_tracing_uprobe_targets {
+            if !Path::new(t).is_absolute() {
+                return Err(err(format!(
+                    "service_tracing_uprobe_targets: {t:?} is not an absolute path"
+                )));
+            }
+        }
+        for (comm, name) in &self.service_names {
+            if comm.trim().is_empty() || name.trim().is_empty() {
+                return Err(err(format!(
+                    "service_names: entry {comm:?} -> {name:?} needs a non-empty process name and service name"
+                )));
+            }
+        }
+        if self.max_service_names == 0 {
+            return Err(err("max_service_names must be > 0"));
+        }
+        if !(1..=60_000).contains(&self.service_flow_report_interval_ms) {
+            return Err(err(format!(
+                "service_flow_report_interval_ms must be in 1..=60000 (the controller expires flows of agents silent for 120 s), got {}",
+                self.service_flow_report_interval_ms
+            )));
+        }
         Ok(())
     }
 
@@ -498,6 +595,16 @@ impl AgentConfig {
     pub fn inter_tor_rate(&self) -> f64 {
         inherit(
             self.inter_tor_probe_rate_per_second,
+            self.target_probe_rate_per_second,
+        )
+    }
+}
+
+impl AgentConfig {
+    /// Effective per-target rate of SERVICE targets (0 inherits the uniform rate).
+    pub fn service_rate(&self) -> f64 {
+        inherit(
+            self.service_probe_rate_per_second,
             self.target_probe_rate_per_second,
         )
     }
@@ -647,6 +754,51 @@ impl<'de> serde::de::Visitor<'de> for StringList {
             if !s.is_empty() {
                 out.push(s);
             }
+        }
+        Ok(out)
+    }
+}
+
+/// A map given as a mapping, or as one `key=value,key=value` string (env, CLI).
+fn string_map<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<std::collections::BTreeMap<String, String>, D::Error> {
+    d.deserialize_any(StringMap)
+}
+
+struct StringMap;
+
+impl<'de> serde::de::Visitor<'de> for StringMap {
+    type Value = std::collections::BTreeMap<String, String>;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a mapping of strings or a `key=value,key=value` string")
+    }
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+        let mut out = std::collections::BTreeMap::new();
+        for item in v.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let (k, val) = item
+                .split_once('=')
+                .ok_or_else(|| E::custom(format!("{item:?} is not key=value")))?;
+            out.insert(k.trim().to_string(), val.trim().to_string());
+        }
+        Ok(out)
+    }
+    fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+        Ok(Default::default())
+    }
+    fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+        Ok(Default::default())
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut m: A) -> Result<Self::Value, A::Error> {
+        struct Item(String);
+        impl<'de> Deserialize<'de> for Item {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                lenient_string(d).map(Item)
+            }
+        }
+        let mut out = std::collections::BTreeMap::new();
+        while let Some((Item(k), Item(v))) = m.next_entry()? {
+            out.insert(k.trim().to_string(), v.trim().to_string());
         }
         Ok(out)
     }
@@ -931,5 +1083,85 @@ mod tests {
                 "{flag} is not a CLI flag"
             );
         }
+    }
+
+    #[test]
+    fn service_keys_default_and_layer() {
+        let c = AgentConfig::load_from(&cli(&["--tor-id", "t"]), &[]).unwrap();
+        assert_eq!(c.service_tracing_mode, ServiceTracingMode::Auto);
+        assert_eq!(c.service_probe_rate_per_second, 0.0);
+        assert_eq!(c.service_rate(), 10.0, "0 inherits target_probe_rate_per_second");
+        assert!(c.service_tracing_uprobe_targets.is_empty());
+        assert!(c.service_names.is_empty());
+        assert_eq!(c.max_service_names, 32);
+        assert_eq!(c.service_flow_report_interval_ms, 1000);
+
+        let f = yaml(
+            "tor_id: t\nservice_tracing_mode: uprobe\nservice_probe_rate_per_second: 2\n\
+             service_tracing_uprobe_targets: [/opt/app/lib/libibverbs.so.1]\n\
+             service_names: {python3: training, nccl-test: 42}\nmax_service_names: 4\n\
+             service_flow_report_interval_ms: 500\n",
+        );
+        let path = f.path().to_str().unwrap();
+        let c = AgentConfig::load_from(&cli(&["--config", path]), &[]).unwrap();
+        assert_eq!(c.service_tracing_mode, ServiceTracingMode::Uprobe);
+        assert_eq!(c.service_rate(), 2.0);
+        assert_eq!(c.service_tracing_uprobe_targets, vec!["/opt/app/lib/libibverbs.so.1"]);
+        assert_eq!(c.service_names.get("python3").map(String::as_str), Some("training"));
+        assert_eq!(c.service_names.get("nccl-test").map(String::as_str), Some("42"));
+        assert_eq!((c.max_service_names, c.service_flow_report_interval_ms), (4, 500));
+
+        // env over file, flags over env.
+        let c = AgentConfig::load_from(
+            &cli(&["--config", path, "--service-tracing-mode", "off", "--service-names", "a=b"]),
+            &env(&[
+                ("RPINGMESH_SERVICE_TRACING_MODE", "kprobe"),
+                ("RPINGMESH_SERVICE_NAMES", "x=y, z=w"),
+                ("RPINGMESH_SERVICE_TRACING_UPROBE_TARGETS", "/a/b,/c/d"),
+                ("RPINGMESH_MAX_SERVICE_NAMES", "7"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.service_tracing_mode, ServiceTracingMode::Off);
+        assert_eq!(c.service_names.len(), 1);
+        assert_eq!(c.service_names["a"], "b");
+        assert_eq!(c.service_tracing_uprobe_targets, vec!["/a/b", "/c/d"]);
+        assert_eq!(c.max_service_names, 7);
+        let c = AgentConfig::load_from(
+            &cli(&["--config", path]),
+            &env(&[("RPINGMESH_SERVICE_NAMES", "x=y, z=w")]),
+        )
+        .unwrap();
+        assert_eq!(c.service_names.len(), 2);
+        assert_eq!(c.service_names["z"], "w");
+    }
+
+    #[test]
+    fn bad_service_keys_name_the_key() {
+        let e = AgentConfig::load_from(
+            &cli(&["--tor-id", "t"]),
+            &env(&[("RPINGMESH_SERVICE_TRACING_MODE", "sometimes")]),
+        )
+        .unwrap_err();
+        assert!(e.0.contains("service_tracing_mode"), "{e}");
+        let e = AgentConfig::load_from(
+            &cli(&["--tor-id", "t"]),
+            &env(&[("RPINGMESH_SERVICE_NAMES", "novalue")]),
+        )
+        .unwrap_err();
+        assert!(e.0.contains("service_names") && e.0.contains("novalue"), "{e}");
+        assert!(invalid(|c| c.service_probe_rate_per_second = -1.0)
+            .starts_with("service_probe_rate_per_second"));
+        assert!(invalid(|c| c.max_service_names = 0).starts_with("max_service_names"));
+        assert!(invalid(|c| c.service_flow_report_interval_ms = 0)
+            .starts_with("service_flow_report_interval_ms"));
+        assert!(invalid(|c| c.service_flow_report_interval_ms = 200_000)
+            .starts_with("service_flow_report_interval_ms"));
+        assert!(invalid(|c| c.service_tracing_uprobe_targets = vec!["lib.so".into()])
+            .starts_with("service_tracing_uprobe_targets"));
+        assert!(invalid(|c| {
+            c.service_names.insert("comm".into(), " ".into());
+        })
+        .starts_with("service_names"));
     }
 }

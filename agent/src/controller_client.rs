@@ -5,7 +5,7 @@ use std::time::Duration;
 use rpingmesh_proto::controller_agent::controller_service_client::ControllerServiceClient;
 use rpingmesh_proto::controller_agent::{
     AgentRegistrationRequest, PathSummary, PingTarget, PinglistRequest, PinglistType,
-    ProbeAnalysisAck, ProbeAnalysisReport, RnicInfo,
+    ProbeAnalysisAck, ProbeAnalysisReport, RnicInfo, ServiceFlowAck, ServiceFlowReport,
 };
 use rpingmesh_protocol::PinglistKind;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
@@ -78,6 +78,7 @@ pub fn pinglist_type(kind: PinglistKind) -> PinglistType {
     match kind {
         PinglistKind::TorMesh => PinglistType::TorMesh,
         PinglistKind::InterTor => PinglistType::InterTor,
+        PinglistKind::Service => PinglistType::Service,
     }
 }
 
@@ -169,6 +170,19 @@ impl ControllerClient {
             .await
             .map_err(ControllerError::Rpc)?;
         Ok(resp.into_inner().targets)
+    }
+
+    pub async fn report_service_flows(
+        &self,
+        report: ServiceFlowReport,
+    ) -> Result<ServiceFlowAck, ControllerError> {
+        let resp = self
+            .inner
+            .clone()
+            .report_service_flows(report)
+            .await
+            .map_err(ControllerError::Rpc)?;
+        Ok(resp.into_inner())
     }
 
     pub async fn report(

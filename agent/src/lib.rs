@@ -12,6 +12,7 @@ pub mod controller_client;
 pub mod reopen;
 pub mod report;
 pub mod rnic;
+pub mod service;
 pub mod targets;
 pub mod telemetry;
 

@@ -7,16 +7,21 @@ use std::time::Duration;
 
 use rpingmesh_proto::controller_agent::PathSummary;
 use rpingmesh_protocol::aggregate::WindowSummary;
+use rpingmesh_protocol::PinglistKind;
 use tokio::sync::mpsc;
 
 use crate::controller_client::ControllerClient;
 
-/// Aggregation key of one path: target GID (full form), ToR and QPN.
+/// Aggregation key of one path: target GID (full form), ToR, QPN, the pinglist kind and
+/// (SERVICE) the service name, so SERVICE windows are reported apart from the ToR ones.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct PathKey {
     pub gid: Arc<str>,
     pub tor: Arc<str>,
     pub qpn: u32,
+    pub kind: PinglistKind,
+    /// Empty for ToR-mesh and inter-ToR.
+    pub service: Arc<str>,
 }
 
 pub fn to_proto(
@@ -45,8 +50,8 @@ pub fn to_proto(
         prober_delay_p99_ns: w.prober_delay_p99_ns,
         responder_delay_p50_ns: w.responder_delay_p50_ns,
         responder_delay_p99_ns: w.responder_delay_p99_ns,
-        pinglist_type: 0,
-        service: String::new(),
+        pinglist_type: key.kind as i32,
+        service: key.service.to_string(),
     }
 }
 
@@ -161,6 +166,8 @@ mod tests {
             gid: "g".into(),
             tor: "t2".into(),
             qpn: 9,
+            kind: PinglistKind::Service,
+            service: "training".into(),
         };
         let w = WindowSummary {
             window_start_unix_ns: 1,
@@ -210,6 +217,11 @@ mod tests {
             ],
             [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
         );
+        assert_eq!(p.pinglist_type, 2, "SERVICE");
+        assert_eq!(p.service, "training");
+        let tor = PathKey { kind: PinglistKind::InterTor, service: "".into(), ..key };
+        let p = to_proto("sg", "t1", &tor, &w);
+        assert_eq!((p.pinglist_type, p.service.as_str()), (1, ""));
     }
 
     #[tokio::test]

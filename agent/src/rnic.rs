@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::net::Ipv6Addr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rpingmesh_protocol::aggregate::PathAggregator;
@@ -22,6 +22,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::config::AgentConfig;
 use crate::report::{to_proto, PathKey, ReportSink};
+use crate::service::ServiceNameCap;
 use crate::targets::{Pinglists, ProbeTarget};
 use crate::telemetry::{DropReason, FailReason, Metrics, PathAttrs};
 
@@ -46,6 +47,7 @@ pub struct DriverParams {
     /// Per-target probes/s of each kind (already resolved: > 0).
     pub tor_mesh_rate: f64,
     pub inter_tor_rate: f64,
+    pub service_rate: f64,
     pub probe_timeout_ns: u64,
     /// No new probe starts while this many are outstanding.
     pub max_in_flight: usize,
@@ -58,6 +60,8 @@ pub struct DriverParams {
     pub responder_only: bool,
     /// High 32 bits of every sequence number (random per agent start).
     pub seq_epoch: u32,
+    /// Agent-wide bound on `service` metric attribute values (shared by clones).
+    pub service_names: Arc<Mutex<ServiceNameCap>>,
 }
 
 impl DriverParams {
@@ -67,6 +71,7 @@ impl DriverParams {
             round_interval_ns: cfg.probe_interval_ms.saturating_mul(1_000_000),
             tor_mesh_rate: cfg.tor_mesh_rate(),
             inter_tor_rate: cfg.inter_tor_rate(),
+            service_rate: cfg.service_rate(),
             probe_timeout_ns: cfg.probe_timeout_ms.saturating_mul(1_000_000),
             max_in_flight: 4096,
             flow_label_rotation_period_sec: cfg.flow_label_rotation_period_sec,
@@ -78,6 +83,7 @@ impl DriverParams {
                 .then(|| cfg.analysis_window_sec.saturating_mul(1_000_000_000)),
             responder_only: cfg.responder_only,
             seq_epoch,
+            service_names: Arc::new(Mutex::new(ServiceNameCap::new(cfg.max_service_names))),
         }
     }
 }
@@ -187,11 +193,16 @@ struct TargetState {
     spec: ProbeTarget,
     endpoint: Endpoint,
     labels: FlowLabelSet,
+    /// GRH traffic class and SL of this target's probes.
+    traffic_class: u8,
+    service_level: u8,
     attrs: PathAttrs,
     key: PathKey,
 }
 
-type TargetKey = (Ipv6Addr, u32, PinglistKind);
+/// (GID, QPN, kind, and for SERVICE the path's label, TC, SL): one SERVICE target per
+/// distinct service path to the same RNIC.
+type TargetKey = (Ipv6Addr, u32, PinglistKind, u32, u8, u8);
 
 /// TargetIds are small counters handed out by the driver itself: hashing them with
 /// SipHash on every send and outcome buys nothing.
@@ -607,8 +618,8 @@ impl State {
             let to = t.endpoint;
             let params = SendParams {
                 flow_label,
-                traffic_class: self.p.traffic_class,
-                service_level: self.p.service_level,
+                traffic_class: t.traffic_class,
+                service_level: t.service_level,
             };
             let t1 = monotonic_ns();
             let pkt = self.prober.start_probe(id, flow_label, t1);
@@ -810,14 +821,18 @@ impl State {
             return;
         }
         let mut keep: HashSet<TargetId> = HashSet::new();
-        let mut by_kind: [Vec<TargetId>; 2] = [Vec::new(), Vec::new()];
-        for kind in [PinglistKind::TorMesh, PinglistKind::InterTor] {
+        let mut by_kind: [Vec<TargetId>; 3] = [Vec::new(), Vec::new(), Vec::new()];
+        for kind in PinglistKind::ALL {
             for spec in lists.list(kind) {
                 // Never probe ourselves, whatever the list says.
                 if spec.gid == self.own.gid && spec.qpn == self.own.qpn {
                     continue;
                 }
-                let key = (spec.gid, spec.qpn, kind);
+                let key = if kind == PinglistKind::Service {
+                    (spec.gid, spec.qpn, kind, spec.flow_label, spec.traffic_class, spec.service_level)
+                } else {
+                    (spec.gid, spec.qpn, kind, 0, 0, 0)
+                };
                 let next_id = &mut self.next_id;
                 let id = *self.ids.entry(key).or_insert_with(|| {
                     let id = *next_id;
@@ -840,11 +855,13 @@ impl State {
         self.targets.retain(|id, _| keep.contains(id));
         self.ids.retain(|_, id| keep.contains(id));
         self.has_targets = !keep.is_empty();
-        let [tor_mesh, inter_tor] = by_kind;
+        let [tor_mesh, inter_tor, service] = by_kind;
         tracing::info!(
             gid = %self.own_gid, tor_mesh = tor_mesh.len(), inter_tor = inter_tor.len(),
-            "probe targets set"
+            service = service.len(), "probe targets set"
         );
+        self.scheduler
+            .set_targets(PinglistKind::Service, service, self.p.service_rate, now);
         self.scheduler
             .set_targets(PinglistKind::TorMesh, tor_mesh, self.p.tor_mesh_rate, now);
         self.scheduler.set_targets(
@@ -856,17 +873,47 @@ impl State {
     }
 
     fn target_state(&self, spec: &ProbeTarget) -> TargetState {
+        let service = spec.kind == PinglistKind::Service;
+        // SERVICE: exactly the service's label (no set, no rotation) and its TC/SL when
+        // the controller gave them; otherwise the configured ones.
+        let labels = if service {
+            FlowLabelSet::new(0, 1, spec.flow_label)
+        } else {
+            FlowLabelSet::new(spec.flow_label_seed, spec.flow_label_count, spec.flow_label)
+        };
+        let pick = |from_target: u8, configured: u8| {
+            if service && from_target != 0 {
+                from_target
+            } else {
+                configured
+            }
+        };
+        let attrs = if service {
+            let name = self
+                .p
+                .service_names
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .attribute(&spec.service);
+            PathAttrs::with_service(&self.p.source_tor, &spec.tor_id, &name)
+        } else {
+            PathAttrs::new(&self.p.source_tor, &spec.tor_id)
+        };
         TargetState {
             endpoint: Endpoint {
                 gid: spec.gid,
                 qpn: spec.qpn,
             },
-            labels: FlowLabelSet::new(spec.flow_label_seed, spec.flow_label_count, spec.flow_label),
-            attrs: PathAttrs::new(&self.p.source_tor, &spec.tor_id),
+            labels,
+            traffic_class: pick(spec.traffic_class, self.p.traffic_class),
+            service_level: pick(spec.service_level, self.p.service_level),
+            attrs,
             key: PathKey {
                 gid: spec.gid_text.as_str().into(),
                 tor: spec.tor_id.as_str().into(),
                 qpn: spec.qpn,
+                kind: spec.kind,
+                service: spec.service.as_str().into(),
             },
             spec: spec.clone(),
         }
@@ -1039,6 +1086,7 @@ mod tests {
             ..AgentConfig::default()
         };
         let p = DriverParams::from_config(&cfg, 5);
+        assert_eq!(p.service_rate, 10.0, "inherited");
         assert_eq!(p.tor_mesh_rate, 10.0);
         assert_eq!(p.inter_tor_rate, 1.0);
         assert_eq!(p.round_interval_ns, 500_000_000);

@@ -20,6 +20,11 @@ pub struct ProbeTarget {
     pub flow_label: u32,
     pub flow_label_count: u32,
     pub flow_label_seed: u32,
+    /// SERVICE targets: the service's GRH traffic class and SL (0 = the agent's config).
+    pub traffic_class: u8,
+    pub service_level: u8,
+    /// SERVICE targets: the service name (empty otherwise).
+    pub service: String,
 }
 
 impl ProbeTarget {
@@ -38,6 +43,14 @@ impl ProbeTarget {
             flow_label: t.flow_label,
             flow_label_count: t.flow_label_count,
             flow_label_seed: t.flow_label_seed,
+            // Out-of-range values are a bad entry, not something to truncate silently.
+            traffic_class: u8::try_from(t.traffic_class)
+                .map_err(|_| format!("target {}: traffic_class {} > 255", t.target_gid, t.traffic_class))?,
+            service_level: u8::try_from(t.service_level)
+                .ok()
+                .filter(|sl| *sl <= 15)
+                .ok_or_else(|| format!("target {}: service_level {} > 15", t.target_gid, t.service_level))?,
+            service: if kind == PinglistKind::Service { t.service.clone() } else { String::new() },
         })
     }
 
@@ -54,15 +67,19 @@ impl ProbeTarget {
             flow_label: 0,
             flow_label_count: 1,
             flow_label_seed: 0,
+            traffic_class: 0,
+            service_level: 0,
+            service: String::new(),
         }
     }
 }
 
-/// The two pinglists of one RNIC, as last fetched.
+/// The pinglists of one RNIC, as last fetched.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Pinglists {
     pub tor_mesh: Vec<ProbeTarget>,
     pub inter_tor: Vec<ProbeTarget>,
+    pub service: Vec<ProbeTarget>,
 }
 
 impl Pinglists {
@@ -70,12 +87,14 @@ impl Pinglists {
         match kind {
             PinglistKind::TorMesh => &self.tor_mesh,
             PinglistKind::InterTor => &self.inter_tor,
+            PinglistKind::Service => &self.service,
         }
     }
     pub fn list_mut(&mut self, kind: PinglistKind) -> &mut Vec<ProbeTarget> {
         match kind {
             PinglistKind::TorMesh => &mut self.tor_mesh,
             PinglistKind::InterTor => &mut self.inter_tor,
+            PinglistKind::Service => &mut self.service,
         }
     }
 }
@@ -118,5 +137,36 @@ mod tests {
         assert_eq!(ok[0].flow_label_seed, 0xdead_beef);
         assert_eq!(errs.len(), 1);
         assert!(errs[0].contains("nope"));
+    }
+
+    #[test]
+    fn service_targets_keep_label_tc_sl_and_name() {
+        let t = PingTarget {
+            target_gid: "::ffff:127.0.5.2".into(),
+            target_qpn: 18515,
+            target_tor_id: "tor-b".into(),
+            flow_label: 0x5a5a5,
+            flow_label_count: 1,
+            flow_label_seed: 0x5a5a5,
+            traffic_class: 96,
+            service_level: 4,
+            service: "training".into(),
+            pinglist_type: 2,
+            ..Default::default()
+        };
+        let (ok, bad) = convert_list(std::slice::from_ref(&t), PinglistKind::Service);
+        assert!(bad.is_empty());
+        let p = &ok[0];
+        assert_eq!(p.gid_text, "0000:0000:0000:0000:0000:ffff:7f00:0502");
+        assert_eq!((p.flow_label, p.traffic_class, p.service_level), (0x5a5a5, 96, 4));
+        assert_eq!(p.service, "training");
+        // A ToR list ignores a stray service name.
+        let (ok, _) = convert_list(std::slice::from_ref(&t), PinglistKind::TorMesh);
+        assert_eq!(ok[0].service, "");
+        // Out-of-range TC/SL are bad entries naming the target.
+        let (ok, bad) = convert_list(&[PingTarget { traffic_class: 300, ..t.clone() }, PingTarget { service_level: 16, ..t }], PinglistKind::Service);
+        assert!(ok.is_empty());
+        assert!(bad[0].contains("traffic_class 300"), "{}", bad[0]);
+        assert!(bad[1].contains("service_level 16"), "{}", bad[1]);
     }
 }

@@ -81,22 +81,40 @@ impl DropReason {
     }
 }
 
-/// Attribute arrays of one (source ToR, target ToR) pair, built once per target so that
-/// recording a probe allocates nothing.
+/// Attribute arrays of one (source ToR, target ToR) pair, plus the bounded `service` of
+/// a SERVICE target, built once per target so that recording a probe allocates nothing.
 #[derive(Debug, Clone)]
 pub struct PathAttrs {
-    base: [KeyValue; 2],
-    failed: [[KeyValue; 3]; 5],
+    base: Box<[KeyValue]>,
+    failed: [Box<[KeyValue]>; 5],
 }
 
 impl PathAttrs {
+    /// ToR-mesh and inter-ToR targets: exactly source_tor and target_tor.
     pub fn new(source_tor: &str, target_tor: &str) -> Self {
-        let s = KeyValue::new("source_tor", source_tor.to_string());
-        let t = KeyValue::new("target_tor", target_tor.to_string());
-        let failed =
-            FailReason::ALL.map(|r| [s.clone(), t.clone(), KeyValue::new("reason", r.as_str())]);
+        Self::build(source_tor, target_tor, None)
+    }
+
+    /// SERVICE targets: `service` must already be capped (see `service::ServiceNameCap`).
+    pub fn with_service(source_tor: &str, target_tor: &str, service: &str) -> Self {
+        Self::build(source_tor, target_tor, Some(service))
+    }
+
+    fn build(source_tor: &str, target_tor: &str, service: Option<&str>) -> Self {
+        let mut base = vec![
+            KeyValue::new("source_tor", source_tor.to_string()),
+            KeyValue::new("target_tor", target_tor.to_string()),
+        ];
+        if let Some(svc) = service {
+            base.push(KeyValue::new("service", svc.to_string()));
+        }
+        let failed = FailReason::ALL.map(|r| {
+            let mut v = base.clone();
+            v.push(KeyValue::new("reason", r.as_str()));
+            v.into_boxed_slice()
+        });
         PathAttrs {
-            base: [s, t],
+            base: base.into_boxed_slice(),
             failed,
         }
     }
@@ -115,6 +133,7 @@ pub struct Metrics {
     drop_attrs: [[KeyValue; 1]; 5],
     transport_failures: Counter<u64>,
     event_ring_dropped: Counter<u64>,
+    tracer_ringbuf_dropped: Counter<u64>,
 }
 
 impl Metrics {
@@ -163,6 +182,12 @@ impl Metrics {
                     "Completion events dropped because the poller-to-agent queue was full (rdma)",
                 )
                 .build(),
+            tracer_ringbuf_dropped: meter
+                .u64_counter("rpingmesh.agent.tracer_ringbuf_dropped_total")
+                .with_description(
+                    "QP lifecycle events the eBPF tracer dropped because its ring buffer was full",
+                )
+                .build(),
         }
     }
 
@@ -192,6 +217,12 @@ impl Metrics {
     pub fn record_event_ring_dropped(&self, n: u64) {
         if n > 0 {
             self.event_ring_dropped.add(n, &[]);
+        }
+    }
+
+    pub fn record_tracer_ringbuf_dropped(&self, n: u64) {
+        if n > 0 {
+            self.tracer_ringbuf_dropped.add(n, &[]);
         }
     }
 
@@ -370,5 +401,52 @@ mod tests {
         assert!(failed[0].0.contains(&"source_tor=tor-a".to_string()));
         let dropped = sum("rpingmesh.agent.dropped_packets_total");
         assert_eq!(dropped, vec![(vec!["reason=bad_length".to_string()], 1)]);
+    }
+
+    #[test]
+    fn service_targets_carry_a_service_attribute() {
+        let exporter = InMemoryMetricExporter::default();
+        let reader = PeriodicReader::builder(exporter.clone()).build();
+        let provider = SdkMeterProvider::builder().with_reader(reader).build();
+        let t = Telemetry::from_provider(provider);
+        let plain = PathAttrs::new("tor-a", "tor-b");
+        let svc = PathAttrs::with_service("tor-a", "tor-b", "training");
+        t.metrics.record_failure(&plain, FailReason::Timeout);
+        t.metrics.record_failure(&svc, FailReason::Timeout);
+        t.metrics.record_tracer_ringbuf_dropped(3);
+        t.metrics.record_tracer_ringbuf_dropped(0);
+        t.provider().force_flush().unwrap();
+        let got = exporter.get_finished_metrics().unwrap();
+        let metrics: Vec<_> = got
+            .iter()
+            .flat_map(|rm| rm.scope_metrics())
+            .flat_map(|sm| sm.metrics())
+            .collect();
+        let attrs = |n: &str| -> Vec<(Vec<String>, u64)> {
+            let m = metrics.iter().find(|m| m.name() == n).unwrap_or_else(|| panic!("{n}"));
+            let AggregatedMetrics::U64(MetricData::Sum(s)) = m.data() else { panic!("{n}") };
+            let mut v: Vec<_> = s
+                .data_points()
+                .map(|p| {
+                    let mut a: Vec<String> = p.attributes().map(|kv| format!("{}={}", kv.key, kv.value)).collect();
+                    a.sort();
+                    (a, p.value())
+                })
+                .collect();
+            v.sort();
+            v
+        };
+        assert_eq!(
+            attrs("rpingmesh.probe_total"),
+            vec![
+                (vec!["service=training".into(), "source_tor=tor-a".into(), "target_tor=tor-b".into()], 1),
+                (vec!["source_tor=tor-a".into(), "target_tor=tor-b".into()], 1),
+            ]
+        );
+        let failed = attrs("rpingmesh.probe_failed_total");
+        assert_eq!(failed.len(), 2);
+        assert!(failed.iter().any(|(a, _)| a.len() == 4 && a.contains(&"service=training".to_string())));
+        assert!(failed.iter().any(|(a, _)| a.len() == 3 && !a.iter().any(|x| x.starts_with("service="))));
+        assert_eq!(attrs("rpingmesh.agent.tracer_ringbuf_dropped_total"), vec![(vec![], 3)]);
     }
 }

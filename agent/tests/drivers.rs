@@ -20,6 +20,7 @@ fn params(tor: &str, window_sec: Option<u64>) -> DriverParams {
         round_interval_ns: 10_000_000,
         tor_mesh_rate: 100.0,
         inter_tor_rate: 100.0,
+        service_rate: 100.0,
         probe_timeout_ns: 1_000_000_000,
         max_in_flight: 64,
         flow_label_rotation_period_sec: 3600,
@@ -28,6 +29,9 @@ fn params(tor: &str, window_sec: Option<u64>) -> DriverParams {
         analysis_window_ns: window_sec.map(|s| s * 1_000_000_000),
         responder_only: false,
         seq_epoch: 0xabcd_0123,
+        service_names: std::sync::Arc::new(std::sync::Mutex::new(
+            rpingmesh_agent::service::ServiceNameCap::new(4),
+        )),
     }
 }
 
@@ -64,6 +68,7 @@ async fn probes_succeed_and_network_rtt_is_below_the_round_trip() {
     let lists = Pinglists {
         tor_mesh: vec![],
         inter_tor: vec![target_of(&b_ep, "tor-b", PinglistKind::InterTor)],
+        service: vec![],
     };
     let (ha, ta) = StaticDriver::spawn(a, lists, None, Some(otx));
     // B only answers (empty pinglist).
@@ -132,6 +137,7 @@ async fn garbage_is_counted_and_dropped_while_probing_continues() {
         Pinglists {
             tor_mesh: vec![target_of(&b_ep, "tor-a", PinglistKind::TorMesh)],
             inter_tor: vec![],
+            service: vec![],
         },
         None,
         Some(otx),
@@ -141,6 +147,7 @@ async fn garbage_is_counted_and_dropped_while_probing_continues() {
         Pinglists {
             tor_mesh: vec![target_of(&a_ep, "tor-a", PinglistKind::TorMesh)],
             inter_tor: vec![],
+            service: vec![],
         },
         None,
         None,
@@ -209,6 +216,7 @@ async fn windows_become_path_summaries_and_shutdown_flushes() {
     let lists = Pinglists {
         tor_mesh: vec![],
         inter_tor: vec![target_of(&b_ep, "tor-b", PinglistKind::InterTor)],
+        service: vec![],
     };
     let (ha, ta) = StaticDriver::spawn(a, lists, Some(sink), Some(otx));
     let (hb, tb) = StaticDriver::spawn(b, Pinglists::default(), None, None);
@@ -243,6 +251,7 @@ async fn pinglist_updates_retarget_and_self_is_never_probed() {
     let lists = Pinglists {
         tor_mesh: vec![target_of(&a_ep, "tor-a", PinglistKind::TorMesh)],
         inter_tor: vec![target_of(&b_ep, "tor-b", PinglistKind::InterTor)],
+        service: vec![],
     };
     let (ha, ta) = StaticDriver::spawn(a, lists, None, Some(otx));
     let (hb, tb) = StaticDriver::spawn(b, Pinglists::default(), None, None);
@@ -253,6 +262,7 @@ async fn pinglist_updates_retarget_and_self_is_never_probed() {
     ha.pinglists.send_replace(Arc::new(Pinglists {
         tor_mesh: vec![],
         inter_tor: vec![target_of(&c_ep, "tor-c", PinglistKind::InterTor)],
+        service: vec![],
     }));
     let answered_b = hb.stats.snapshot().probes_answered;
     // Drain in-flight results for B, then only C is probed.
@@ -295,6 +305,7 @@ async fn agent_answers_probes_with_an_unreachable_controller() {
     let lists = Pinglists {
         tor_mesh: vec![],
         inter_tor: vec![target_of(&agent_ep, "tor-x", PinglistKind::InterTor)],
+        service: vec![],
     };
     let (hp, tp) = StaticDriver::spawn(p, lists, None, Some(otx));
     let outs = collect(&mut orx, 5, Duration::from_secs(5)).await;

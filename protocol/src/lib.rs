@@ -22,4 +22,10 @@ pub type TargetId = u32;
 pub enum PinglistKind {
     TorMesh = 0,
     InterTor = 1,
+    /// Live service paths learned from QP tracing (probed on the service's flow label).
+    Service = 2,
+}
+
+impl PinglistKind {
+    pub const ALL: [PinglistKind; 3] = [PinglistKind::TorMesh, PinglistKind::InterTor, PinglistKind::Service];
 }

@@ -193,7 +193,7 @@ impl ProbeScheduler {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use PinglistKind::{InterTor, TorMesh};
+    use PinglistKind::{InterTor, Service, TorMesh};
 
     const S: u64 = 1_000_000_000;
     const MS: u64 = 1_000_000;
@@ -346,5 +346,45 @@ mod tests {
         // 10 targets at 1/s each: burst 10, then 10/s aggregate.
         let polls = drive(&mut s, 0, 5 * S);
         assert!((55..=61).contains(&polls.len()), "{}", polls.len());
+    }
+
+    #[test]
+    fn three_kinds_are_independent() {
+        let mut s = ProbeScheduler::new(S);
+        // ToR-mesh saturated (100 targets, 0.1/s each); inter-ToR and SERVICE keep their pace.
+        s.set_targets(TorMesh, (0..100).collect(), 0.1, 0);
+        s.set_targets(InterTor, vec![200, 201], 1.0, 0);
+        s.set_targets(Service, vec![300, 301, 302], 2.0, 0);
+        let polls = drive(&mut s, 0, 10 * S);
+        let count = |k: PinglistKind| polls.iter().filter(|p| p.1 == k).count();
+        assert_eq!(count(InterTor), 2 * 10);
+        assert_eq!(count(Service), 3 * 10);
+        let tor = count(TorMesh);
+        // 100 burst + 10/s for ~10 s.
+        assert!((190..=205).contains(&tor), "tor-mesh polls {tor}");
+        for round in 0..10u64 {
+            let svc: Vec<_> = polls
+                .iter()
+                .filter(|p| p.1 == Service && p.0 >= round * S && p.0 < (round + 1) * S)
+                .collect();
+            assert_eq!(svc.len(), 3, "round {round}");
+            assert!(svc.iter().all(|p| p.0 - round * S <= MS), "service probes delayed in round {round}");
+        }
+        // Emptying SERVICE leaves the others running.
+        s.set_targets(Service, vec![], 2.0, 10 * S);
+        let later = drive(&mut s, 10 * S, 12 * S);
+        assert!(later.iter().all(|p| p.1 != Service));
+        assert!(later.iter().any(|p| p.1 == InterTor));
+    }
+
+    #[test]
+    fn kinds_alternate_over_three() {
+        let mut s = ProbeScheduler::new(S);
+        s.set_targets(Service, vec![20, 21], 100.0, 0);
+        s.set_targets(TorMesh, vec![1, 2], 100.0, 0);
+        s.set_targets(InterTor, vec![10, 11], 100.0, 0);
+        let kinds: Vec<_> = std::iter::from_fn(|| s.poll(0)).map(|p| p.0).collect();
+        assert_eq!(kinds, [InterTor, Service, TorMesh, InterTor, Service, TorMesh]);
+        assert_eq!(PinglistKind::ALL.map(|k| k as i32), [0, 1, 2]);
     }
 }

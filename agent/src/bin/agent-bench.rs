@@ -108,6 +108,7 @@ fn agent(dur: Duration, in_flight: usize) -> (f64, u64) {
             round_interval_ns: 1_000,
             tor_mesh_rate: 1e9,
             inter_tor_rate: 1e9,
+            service_rate: 1e9,
             probe_timeout_ns: 1_000_000_000,
             max_in_flight: in_flight,
             flow_label_rotation_period_sec: 3600,
@@ -116,6 +117,7 @@ fn agent(dur: Duration, in_flight: usize) -> (f64, u64) {
             analysis_window_ns: Some(30_000_000_000),
             responder_only: false,
             seq_epoch: rand::random(),
+            service_names: Default::default(),
         };
         let a = RnicDriver::new(bind(), params("tor-a"), Metrics::disabled());
         let b = RnicDriver::new(bind(), params("tor-b"), Metrics::disabled());
@@ -126,6 +128,7 @@ fn agent(dur: Duration, in_flight: usize) -> (f64, u64) {
             Pinglists {
                 tor_mesh: vec![target],
                 inter_tor: vec![],
+                service: vec![],
             },
             None,
             None,
