@@ -181,7 +181,7 @@ pub fn deps() -> Result<()> {
 
 /// The one feature set tests build with: the rdma backend compiled in (it must build in
 /// CI even though no RDMA device exists here).
-const TEST_FEATURES: &str = "rpingmesh-verbs/rdma";
+const TEST_FEATURES: &str = "rpingmesh-agent/rdma,rpingmesh-verbs/rdma";
 
 fn test() -> Result<()> {
     deps()?;
@@ -191,16 +191,72 @@ fn test() -> Result<()> {
     build.args(["build", "--workspace", "--all-targets", "--features", TEST_FEATURES]);
     run_streamed(build, &format!("cargo build --workspace --all-targets --features {TEST_FEATURES}"))?;
     let mut t = cargo();
-    t.args(["test", "--workspace", "--features", TEST_FEATURES]);
+    t.args(["test", "--workspace", "--no-fail-fast", "--features", TEST_FEATURES]);
     // e2e tests find the binaries next to their own executable (target/debug).
-    run_streamed(t, &format!("cargo test --workspace --features {TEST_FEATURES}"))?;
+    let what = format!("cargo test --workspace --features {TEST_FEATURES}");
+    eprintln!("xtask: {what}");
+    t.stdout(std::process::Stdio::piped());
+    let mut child = t.spawn().with_context(|| format!("starting: {what}"))?;
+    let mut totals = TestTotals::default();
+    let stdout = child.stdout.take().expect("stdout is piped");
+    for line in std::io::BufRead::lines(std::io::BufReader::new(stdout)) {
+        let line = line.context("reading cargo test output")?;
+        println!("{line}");
+        totals.add_line(&line);
+    }
+    let st = child.wait()?;
     if !is_root() {
         eprintln!(
-            "xtask test: note: not root, so the network-namespace e2e test was skipped \
-             (see its SKIPPED line above)"
+            "xtask test: note: not root, so the root-only tests (network namespaces, eBPF) \
+             were skipped (see their SKIP lines above)"
         );
     }
+    // One closing line over every test binary of the workspace.
+    println!("summary: {} passed, {} failed, {} skipped", totals.passed, totals.failed, totals.ignored);
+    if !st.success() {
+        bail!("{what} failed ({st})");
+    }
     Ok(())
+}
+
+/// Sums libtest's `test result:` lines.
+#[derive(Default, Debug, PartialEq)]
+struct TestTotals {
+    passed: u64,
+    failed: u64,
+    ignored: u64,
+}
+
+impl TestTotals {
+    fn add_line(&mut self, line: &str) {
+        let Some(rest) = line.trim().strip_prefix("test result: ") else { return };
+        for part in rest.split(';') {
+            let mut words = part.split_whitespace().rev();
+            let (Some(label), Some(n)) = (words.next(), words.next()) else { continue };
+            let Ok(n) = n.parse::<u64>() else { continue };
+            match label {
+                "passed" => self.passed += n,
+                "failed" => self.failed += n,
+                "ignored" => self.ignored += n,
+                _ => {}
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod totals_tests {
+    use super::TestTotals;
+
+    #[test]
+    fn sums_libtest_result_lines() {
+        let mut t = TestTotals::default();
+        t.add_line("test result: ok. 44 passed; 0 failed; 2 ignored; 0 measured; 0 filtered out; finished in 0.02s");
+        t.add_line("test result: FAILED. 3 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out; finished in 1s");
+        t.add_line("running 3 tests");
+        t.add_line("test foo ... ok");
+        assert_eq!(t, TestTotals { passed: 47, failed: 1, ignored: 2 });
+    }
 }
 
 fn hw_check() -> Result<()> {
