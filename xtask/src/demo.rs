@@ -97,7 +97,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
             "--udp-addresses", &ip.to_string(), "--udp-port", "18515", "--transport", "udp",
             "--analysis-window-sec", "5", "--probe-interval-ms", "100",
             "--tor-mesh-probe-rate-per-second", "10", "--inter-tor-probe-rate-per-second", "5",
-            "--pinglist-update-interval-sec", "30", "--metrics-enabled", "false",
+            "--pinglist-update-interval-sec", "10", "--metrics-enabled", "false",
             "--log-level", "info",
         ]
         .map(String::from);
@@ -106,7 +106,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
     }
 
     eprintln!(
-        "xtask demo: a table every 5 s (Ctrl-C to stop); pinglists refresh every 30 s, so \
+        "xtask demo: a table every 5 s (Ctrl-C to stop); pinglists refresh every 10 s, so \
          paths fill in as agents learn about peers that registered after them"
     );
     let rt = tokio::runtime::Builder::new_current_thread()
