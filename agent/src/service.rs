@@ -335,7 +335,11 @@ pub fn start_tracer(cfg: &AgentConfig, devices: HashMap<String, LocalDevice>) ->
     let resolver = Arc::new(AgentGidResolver::new(devices));
     // The agent's own probe QPs are not services.
     let filter = Arc::new(ExcludePid(std::process::id()));
-    match ServiceTracer::start(tracer_config(cfg), resolver, filter) {
+    let started = ServiceTracer::start(tracer_config(cfg), resolver, filter);
+    // Loading parses the kernel's BTF (several MiB, freed right after); hand those pages
+    // back so the agent's resident footprint stays what it needs for probing.
+    release_freed_heap();
+    match started {
         Started::Running(t) => {
             tracing::info!(mode = ?t.mode(), attachments = ?t.attachments(), "service tracing on");
             Some(Arc::new(t))
@@ -344,6 +348,15 @@ pub fn start_tracer(cfg: &AgentConfig, devices: HashMap<String, LocalDevice>) ->
             tracing::warn!("{why}");
             None
         }
+    }
+}
+
+/// Returns free heap pages to the kernel (glibc keeps them by default).
+fn release_freed_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks the allocator's own free lists.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 
