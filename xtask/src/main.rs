@@ -244,6 +244,13 @@ impl TestTotals {
     }
 }
 
+fn hw_check() -> Result<()> {
+    deps()?;
+    let mut c = cargo();
+    c.args(["run", "--quiet", "-p", "rpingmesh-verbs", "--features", "rdma", "--bin", "rpingmesh-hw-check"]);
+    run_streamed(c, "rpingmesh-hw-check")
+}
+
 #[cfg(test)]
 mod totals_tests {
     use super::TestTotals;
@@ -257,11 +264,4 @@ mod totals_tests {
         t.add_line("test foo ... ok");
         assert_eq!(t, TestTotals { passed: 47, failed: 1, ignored: 2 });
     }
-}
-
-fn hw_check() -> Result<()> {
-    deps()?;
-    let mut c = cargo();
-    c.args(["run", "--quiet", "-p", "rpingmesh-verbs", "--features", "rdma", "--bin", "rpingmesh-hw-check"]);
-    run_streamed(c, "rpingmesh-hw-check")
 }
