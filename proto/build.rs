@@ -2,8 +2,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Vendored protoc: no system protobuf-compiler needed for our own protos.
     let protoc = protoc_bin_vendored::protoc_bin_path()?;
     std::env::set_var("PROTOC", protoc);
-    tonic_prost_build::configure()
-        .compile_protos(&["proto/controller_agent.proto", "proto/operator.proto"], &["proto"])?;
+    tonic_prost_build::configure().compile_protos(
+        &["proto/controller_agent.proto", "proto/operator.proto"],
+        &["proto"],
+    )?;
     println!("cargo:rerun-if-changed=proto");
     Ok(())
 }

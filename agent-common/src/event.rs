@@ -124,9 +124,7 @@ impl QpEvent {
 
     pub fn as_bytes(&self) -> &[u8] {
         // SAFETY: repr(C) with explicit padding, so every byte is initialised.
-        unsafe {
-            core::slice::from_raw_parts(self as *const QpEvent as *const u8, QP_EVENT_SIZE)
-        }
+        unsafe { core::slice::from_raw_parts(self as *const QpEvent as *const u8, QP_EVENT_SIZE) }
     }
 }
 

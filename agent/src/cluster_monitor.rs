@@ -183,7 +183,15 @@ pub async fn run_cluster_monitor(
                 Wake::Kick(false) => kick = None,
                 Wake::Kick(true) if service => {
                     // Out of schedule: the periodic refresh keeps its deadline.
-                    let _ = refresh(&registrar, &client, &params, &[PinglistKind::Service], &mut cached, &tx).await;
+                    let _ = refresh(
+                        &registrar,
+                        &client,
+                        &params,
+                        &[PinglistKind::Service],
+                        &mut cached,
+                        &tx,
+                    )
+                    .await;
                 }
                 Wake::Kick(true) => {}
             }

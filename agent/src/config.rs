@@ -1090,7 +1090,11 @@ mod tests {
         let c = AgentConfig::load_from(&cli(&["--tor-id", "t"]), &[]).unwrap();
         assert_eq!(c.service_tracing_mode, ServiceTracingMode::Auto);
         assert_eq!(c.service_probe_rate_per_second, 0.0);
-        assert_eq!(c.service_rate(), 10.0, "0 inherits target_probe_rate_per_second");
+        assert_eq!(
+            c.service_rate(),
+            10.0,
+            "0 inherits target_probe_rate_per_second"
+        );
         assert!(c.service_tracing_uprobe_targets.is_empty());
         assert!(c.service_names.is_empty());
         assert_eq!(c.max_service_names, 32);
@@ -1106,14 +1110,33 @@ mod tests {
         let c = AgentConfig::load_from(&cli(&["--config", path]), &[]).unwrap();
         assert_eq!(c.service_tracing_mode, ServiceTracingMode::Uprobe);
         assert_eq!(c.service_rate(), 2.0);
-        assert_eq!(c.service_tracing_uprobe_targets, vec!["/opt/app/lib/libibverbs.so.1"]);
-        assert_eq!(c.service_names.get("python3").map(String::as_str), Some("training"));
-        assert_eq!(c.service_names.get("nccl-test").map(String::as_str), Some("42"));
-        assert_eq!((c.max_service_names, c.service_flow_report_interval_ms), (4, 500));
+        assert_eq!(
+            c.service_tracing_uprobe_targets,
+            vec!["/opt/app/lib/libibverbs.so.1"]
+        );
+        assert_eq!(
+            c.service_names.get("python3").map(String::as_str),
+            Some("training")
+        );
+        assert_eq!(
+            c.service_names.get("nccl-test").map(String::as_str),
+            Some("42")
+        );
+        assert_eq!(
+            (c.max_service_names, c.service_flow_report_interval_ms),
+            (4, 500)
+        );
 
         // env over file, flags over env.
         let c = AgentConfig::load_from(
-            &cli(&["--config", path, "--service-tracing-mode", "off", "--service-names", "a=b"]),
+            &cli(&[
+                "--config",
+                path,
+                "--service-tracing-mode",
+                "off",
+                "--service-names",
+                "a=b",
+            ]),
             &env(&[
                 ("RPINGMESH_SERVICE_TRACING_MODE", "kprobe"),
                 ("RPINGMESH_SERVICE_NAMES", "x=y, z=w"),
@@ -1149,7 +1172,10 @@ mod tests {
             &env(&[("RPINGMESH_SERVICE_NAMES", "novalue")]),
         )
         .unwrap_err();
-        assert!(e.0.contains("service_names") && e.0.contains("novalue"), "{e}");
+        assert!(
+            e.0.contains("service_names") && e.0.contains("novalue"),
+            "{e}"
+        );
         assert!(invalid(|c| c.service_probe_rate_per_second = -1.0)
             .starts_with("service_probe_rate_per_second"));
         assert!(invalid(|c| c.max_service_names = 0).starts_with("max_service_names"));
@@ -1157,8 +1183,10 @@ mod tests {
             .starts_with("service_flow_report_interval_ms"));
         assert!(invalid(|c| c.service_flow_report_interval_ms = 200_000)
             .starts_with("service_flow_report_interval_ms"));
-        assert!(invalid(|c| c.service_tracing_uprobe_targets = vec!["lib.so".into()])
-            .starts_with("service_tracing_uprobe_targets"));
+        assert!(
+            invalid(|c| c.service_tracing_uprobe_targets = vec!["lib.so".into()])
+                .starts_with("service_tracing_uprobe_targets")
+        );
         assert!(invalid(|c| {
             c.service_names.insert("comm".into(), " ".into());
         })

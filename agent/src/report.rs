@@ -219,7 +219,11 @@ mod tests {
         );
         assert_eq!(p.pinglist_type, 2, "SERVICE");
         assert_eq!(p.service, "training");
-        let tor = PathKey { kind: PinglistKind::InterTor, service: "".into(), ..key };
+        let tor = PathKey {
+            kind: PinglistKind::InterTor,
+            service: "".into(),
+            ..key
+        };
         let p = to_proto("sg", "t1", &tor, &w);
         assert_eq!((p.pinglist_type, p.service.as_str()), (1, ""));
     }

@@ -829,7 +829,14 @@ impl State {
                     continue;
                 }
                 let key = if kind == PinglistKind::Service {
-                    (spec.gid, spec.qpn, kind, spec.flow_label, spec.traffic_class, spec.service_level)
+                    (
+                        spec.gid,
+                        spec.qpn,
+                        kind,
+                        spec.flow_label,
+                        spec.traffic_class,
+                        spec.service_level,
+                    )
                 } else {
                     (spec.gid, spec.qpn, kind, 0, 0, 0)
                 };

@@ -149,7 +149,9 @@ pub fn to_proto_key(k: &FlowKey) -> ServiceFlowKey {
 /// How a `ReportServiceFlows` call ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SendOutcome {
-    Acked { resync_required: bool },
+    Acked {
+        resync_required: bool,
+    },
     /// The controller does not know this agent: register again, then resend in full.
     NotFound,
     /// Transport error, timeout, other status: what this report carried is lost.
@@ -327,7 +329,10 @@ pub fn tracer_config(cfg: &AgentConfig) -> TracerConfig {
 
 /// Starts the tracer (inside a tokio runtime). `None` after logging exactly one line
 /// saying why tracing is off; probing goes on either way.
-pub fn start_tracer(cfg: &AgentConfig, devices: HashMap<String, LocalDevice>) -> Option<Arc<ServiceTracer>> {
+pub fn start_tracer(
+    cfg: &AgentConfig,
+    devices: HashMap<String, LocalDevice>,
+) -> Option<Arc<ServiceTracer>> {
     if cfg.service_tracing_mode == ServiceTracingMode::Off {
         tracing::info!("service tracing off (service_tracing_mode: off)");
         return None;
@@ -406,16 +411,29 @@ pub async fn run_flow_reporter(
             || tracer.snapshot(),
             |f| to_proto_flow(f, &params.names, offset),
         );
-        let (full, n_up, n_rm) = (report.full_sync, report.upserts.len(), report.removals.len());
+        let (full, n_up, n_rm) = (
+            report.full_sync,
+            report.upserts.len(),
+            report.removals.len(),
+        );
         let outcome = match client.report_service_flows(report).await {
             Ok(ServiceFlowAck {
-                resync_required, flows_known, ..
+                resync_required,
+                flows_known,
+                ..
             }) => {
                 if failing {
                     tracing::info!("service flow reports accepted again");
                 }
                 failing = false;
-                tracing::debug!(full, upserts = n_up, removals = n_rm, flows_known, resync_required, "service flows reported");
+                tracing::debug!(
+                    full,
+                    upserts = n_up,
+                    removals = n_rm,
+                    flows_known,
+                    resync_required,
+                    "service flows reported"
+                );
                 SendOutcome::Acked { resync_required }
             }
             Err(e) if e.is_not_found() => SendOutcome::NotFound,
@@ -427,7 +445,13 @@ pub async fn run_flow_reporter(
                 SendOutcome::Failed
             }
         };
-        if matches!(outcome, SendOutcome::Acked { resync_required: false }) && (n_up > 0 || n_rm > 0) {
+        if matches!(
+            outcome,
+            SendOutcome::Acked {
+                resync_required: false
+            }
+        ) && (n_up > 0 || n_rm > 0)
+        {
             kick.send_modify(|n| *n = n.wrapping_add(1));
         }
         match st.on_outcome(outcome) {
@@ -453,7 +477,9 @@ mod tests {
     fn flow(qpn: u32, comm: &str) -> ServiceFlow {
         ServiceFlow {
             key: FlowKey {
-                local_gid: std::net::Ipv4Addr::new(127, 0, 5, 1).to_ipv6_mapped().octets(),
+                local_gid: std::net::Ipv4Addr::new(127, 0, 5, 1)
+                    .to_ipv6_mapped()
+                    .octets(),
                 local_qpn: qpn,
             },
             device: "udp0".into(),
@@ -483,7 +509,10 @@ mod tests {
         let p = to_proto_flow(&flow(0x345, "python3"), &names, 1_700_000_000_000_000_000);
         assert_eq!(p.local_gid, "0000:0000:0000:0000:0000:ffff:7f00:0501");
         assert_eq!(p.remote_gid, "fe80:0000:0000:0000:0000:0000:0000:0002");
-        assert_eq!((p.local_qpn, p.remote_qpn, p.flow_label), (0x345, 0x777, 0x5a5a5));
+        assert_eq!(
+            (p.local_qpn, p.remote_qpn, p.flow_label),
+            (0x345, 0x777, 0x5a5a5)
+        );
         assert_eq!((p.traffic_class, p.service_level), (96, 4));
         assert_eq!((p.pid, p.cgroup_id, p.comm.as_str()), (4242, 99, "python3"));
         assert_eq!(p.first_seen_unix_ns, 1_700_000_000_000_001_000);
@@ -492,9 +521,15 @@ mod tests {
         let p = to_proto_flow(&flow(1, "nccl"), &names, 0);
         assert_eq!(p.service, "nccl", "else the comm");
         // A negative offset never underflows.
-        assert_eq!(to_proto_flow(&flow(1, "x"), &names, -5_000).first_seen_unix_ns, 0);
+        assert_eq!(
+            to_proto_flow(&flow(1, "x"), &names, -5_000).first_seen_unix_ns,
+            0
+        );
         let k = to_proto_key(&flow(7, "x").key);
-        assert_eq!((k.local_gid.as_str(), k.local_qpn), ("0000:0000:0000:0000:0000:ffff:7f00:0501", 7));
+        assert_eq!(
+            (k.local_gid.as_str(), k.local_qpn),
+            ("0000:0000:0000:0000:0000:ffff:7f00:0501", 7)
+        );
     }
 
     #[test]
@@ -535,17 +570,33 @@ mod tests {
         let mut st = FlowReportState::new();
         assert!(st.needs_full());
         // First report: full sync from the snapshot, whatever the batch says.
-        let r = st.build("a1", incr(vec![FlowChange::Upsert(flow(1, "x"))]), || vec![flow(1, "x"), flow(2, "y")], map);
+        let r = st.build(
+            "a1",
+            incr(vec![FlowChange::Upsert(flow(1, "x"))]),
+            || vec![flow(1, "x"), flow(2, "y")],
+            map,
+        );
         assert!(r.full_sync);
         assert_eq!(r.agent_id, "a1");
-        assert_eq!(r.upserts.iter().map(|u| u.local_qpn).collect::<Vec<_>>(), [1, 2]);
+        assert_eq!(
+            r.upserts.iter().map(|u| u.local_qpn).collect::<Vec<_>>(),
+            [1, 2]
+        );
         assert!(r.removals.is_empty());
-        assert_eq!(st.on_outcome(SendOutcome::Acked { resync_required: false }), AfterSend::Wait);
+        assert_eq!(
+            st.on_outcome(SendOutcome::Acked {
+                resync_required: false
+            }),
+            AfterSend::Wait
+        );
         assert!(!st.needs_full());
         // Then incremental: upserts and removals, no snapshot taken.
         let r = st.build(
             "a1",
-            incr(vec![FlowChange::Upsert(flow(3, "z")), FlowChange::Remove(flow(1, "x").key)]),
+            incr(vec![
+                FlowChange::Upsert(flow(3, "z")),
+                FlowChange::Remove(flow(1, "x").key),
+            ]),
             || panic!("no snapshot for an incremental report"),
             map,
         );
@@ -554,11 +605,21 @@ mod tests {
         assert_eq!(r.upserts[0].local_qpn, 3);
         assert_eq!(r.removals.len(), 1);
         assert_eq!(r.removals[0].local_qpn, 1);
-        assert_eq!(st.on_outcome(SendOutcome::Acked { resync_required: false }), AfterSend::Wait);
+        assert_eq!(
+            st.on_outcome(SendOutcome::Acked {
+                resync_required: false
+            }),
+            AfterSend::Wait
+        );
         // Nothing changed: an empty heartbeat.
         let r = st.build("a1", ChangeBatch::default(), || panic!("no snapshot"), map);
         assert!(!r.full_sync && r.upserts.is_empty() && r.removals.is_empty());
-        assert_eq!(st.on_outcome(SendOutcome::Acked { resync_required: false }), AfterSend::Wait);
+        assert_eq!(
+            st.on_outcome(SendOutcome::Acked {
+                resync_required: false
+            }),
+            AfterSend::Wait
+        );
         assert_eq!((st.reports(), st.full_syncs()), (3, 1));
     }
 
@@ -566,37 +627,84 @@ mod tests {
     fn reporter_resyncs_on_request_not_found_failure_and_overflow() {
         let mut st = FlowReportState::new();
         st.build("a", ChangeBatch::default(), Vec::new, map);
-        st.on_outcome(SendOutcome::Acked { resync_required: false });
+        st.on_outcome(SendOutcome::Acked {
+            resync_required: false,
+        });
 
         // The controller restarted and lost our flows: resync at once.
         st.build("a", ChangeBatch::default(), || panic!(), map);
-        assert_eq!(st.on_outcome(SendOutcome::Acked { resync_required: true }), AfterSend::ResendFull);
+        assert_eq!(
+            st.on_outcome(SendOutcome::Acked {
+                resync_required: true
+            }),
+            AfterSend::ResendFull
+        );
         let r = st.build("a", ChangeBatch::default(), || vec![flow(5, "x")], map);
         assert!(r.full_sync);
         assert_eq!(r.upserts.len(), 1);
-        st.on_outcome(SendOutcome::Acked { resync_required: false });
+        st.on_outcome(SendOutcome::Acked {
+            resync_required: false,
+        });
 
         // NotFound: re-register, then full.
-        st.build("a", incr(vec![FlowChange::Upsert(flow(6, "x"))]), || panic!(), map);
+        st.build(
+            "a",
+            incr(vec![FlowChange::Upsert(flow(6, "x"))]),
+            || panic!(),
+            map,
+        );
         assert_eq!(st.on_outcome(SendOutcome::NotFound), AfterSend::Reregister);
-        assert!(st.build("a", ChangeBatch::default(), || vec![flow(5, "x"), flow(6, "x")], map).full_sync);
-        st.on_outcome(SendOutcome::Acked { resync_required: false });
+        assert!(
+            st.build(
+                "a",
+                ChangeBatch::default(),
+                || vec![flow(5, "x"), flow(6, "x")],
+                map
+            )
+            .full_sync
+        );
+        st.on_outcome(SendOutcome::Acked {
+            resync_required: false,
+        });
 
         // A lost report: its changes are gone, so the next one is full (and stays full
         // until one is acknowledged).
-        st.build("a", incr(vec![FlowChange::Remove(flow(5, "x").key)]), || panic!(), map);
+        st.build(
+            "a",
+            incr(vec![FlowChange::Remove(flow(5, "x").key)]),
+            || panic!(),
+            map,
+        );
         assert_eq!(st.on_outcome(SendOutcome::Failed), AfterSend::Wait);
-        assert!(st.build("a", ChangeBatch::default(), || vec![flow(6, "x")], map).full_sync);
+        assert!(
+            st.build("a", ChangeBatch::default(), || vec![flow(6, "x")], map)
+                .full_sync
+        );
         assert_eq!(st.on_outcome(SendOutcome::Failed), AfterSend::Wait);
         let r = st.build("a", ChangeBatch::default(), || vec![flow(6, "x")], map);
         assert!(r.full_sync && r.upserts.len() == 1);
-        st.on_outcome(SendOutcome::Acked { resync_required: false });
+        st.on_outcome(SendOutcome::Acked {
+            resync_required: false,
+        });
 
         // The tracer's change log overflowed: full.
-        let r = st.build("a", ChangeBatch { full: true, changes: vec![] }, || vec![flow(6, "x"), flow(7, "y")], map);
+        let r = st.build(
+            "a",
+            ChangeBatch {
+                full: true,
+                changes: vec![],
+            },
+            || vec![flow(6, "x"), flow(7, "y")],
+            map,
+        );
         assert!(r.full_sync && r.upserts.len() == 2);
-        st.on_outcome(SendOutcome::Acked { resync_required: false });
-        assert!(!st.build("a", ChangeBatch::default(), || panic!(), map).full_sync);
+        st.on_outcome(SendOutcome::Acked {
+            resync_required: false,
+        });
+        assert!(
+            !st.build("a", ChangeBatch::default(), || panic!(), map)
+                .full_sync
+        );
     }
 
     #[test]
@@ -606,7 +714,11 @@ mod tests {
         let gids = dir.path().join("mlx5_0/ports/1/gids");
         std::fs::create_dir_all(&gids).unwrap();
         for i in 0..4 {
-            let g = if i == 3 { "0000:0000:0000:0000:0000:ffff:0a00:0001" } else { "0000:0000:0000:0000:0000:0000:0000:0000" };
+            let g = if i == 3 {
+                "0000:0000:0000:0000:0000:ffff:0a00:0001"
+            } else {
+                "0000:0000:0000:0000:0000:0000:0000:0000"
+            };
             std::fs::write(gids.join(i.to_string()), format!("{g}\n")).unwrap();
         }
         std::fs::write(dir.path().join("mlx5_0/ports/1/state"), "4: ACTIVE\n").unwrap();

@@ -44,13 +44,26 @@ impl ProbeTarget {
             flow_label_count: t.flow_label_count,
             flow_label_seed: t.flow_label_seed,
             // Out-of-range values are a bad entry, not something to truncate silently.
-            traffic_class: u8::try_from(t.traffic_class)
-                .map_err(|_| format!("target {}: traffic_class {} > 255", t.target_gid, t.traffic_class))?,
+            traffic_class: u8::try_from(t.traffic_class).map_err(|_| {
+                format!(
+                    "target {}: traffic_class {} > 255",
+                    t.target_gid, t.traffic_class
+                )
+            })?,
             service_level: u8::try_from(t.service_level)
                 .ok()
                 .filter(|sl| *sl <= 15)
-                .ok_or_else(|| format!("target {}: service_level {} > 15", t.target_gid, t.service_level))?,
-            service: if kind == PinglistKind::Service { t.service.clone() } else { String::new() },
+                .ok_or_else(|| {
+                    format!(
+                        "target {}: service_level {} > 15",
+                        t.target_gid, t.service_level
+                    )
+                })?,
+            service: if kind == PinglistKind::Service {
+                t.service.clone()
+            } else {
+                String::new()
+            },
         })
     }
 
@@ -158,13 +171,28 @@ mod tests {
         assert!(bad.is_empty());
         let p = &ok[0];
         assert_eq!(p.gid_text, "0000:0000:0000:0000:0000:ffff:7f00:0502");
-        assert_eq!((p.flow_label, p.traffic_class, p.service_level), (0x5a5a5, 96, 4));
+        assert_eq!(
+            (p.flow_label, p.traffic_class, p.service_level),
+            (0x5a5a5, 96, 4)
+        );
         assert_eq!(p.service, "training");
         // A ToR list ignores a stray service name.
         let (ok, _) = convert_list(std::slice::from_ref(&t), PinglistKind::TorMesh);
         assert_eq!(ok[0].service, "");
         // Out-of-range TC/SL are bad entries naming the target.
-        let (ok, bad) = convert_list(&[PingTarget { traffic_class: 300, ..t.clone() }, PingTarget { service_level: 16, ..t }], PinglistKind::Service);
+        let (ok, bad) = convert_list(
+            &[
+                PingTarget {
+                    traffic_class: 300,
+                    ..t.clone()
+                },
+                PingTarget {
+                    service_level: 16,
+                    ..t
+                },
+            ],
+            PinglistKind::Service,
+        );
         assert!(ok.is_empty());
         assert!(bad[0].contains("traffic_class 300"), "{}", bad[0]);
         assert!(bad[1].contains("service_level 16"), "{}", bad[1]);

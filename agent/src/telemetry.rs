@@ -423,12 +423,20 @@ mod tests {
             .flat_map(|sm| sm.metrics())
             .collect();
         let attrs = |n: &str| -> Vec<(Vec<String>, u64)> {
-            let m = metrics.iter().find(|m| m.name() == n).unwrap_or_else(|| panic!("{n}"));
-            let AggregatedMetrics::U64(MetricData::Sum(s)) = m.data() else { panic!("{n}") };
+            let m = metrics
+                .iter()
+                .find(|m| m.name() == n)
+                .unwrap_or_else(|| panic!("{n}"));
+            let AggregatedMetrics::U64(MetricData::Sum(s)) = m.data() else {
+                panic!("{n}")
+            };
             let mut v: Vec<_> = s
                 .data_points()
                 .map(|p| {
-                    let mut a: Vec<String> = p.attributes().map(|kv| format!("{}={}", kv.key, kv.value)).collect();
+                    let mut a: Vec<String> = p
+                        .attributes()
+                        .map(|kv| format!("{}={}", kv.key, kv.value))
+                        .collect();
                     a.sort();
                     (a, p.value())
                 })
@@ -439,14 +447,31 @@ mod tests {
         assert_eq!(
             attrs("rpingmesh.probe_total"),
             vec![
-                (vec!["service=training".into(), "source_tor=tor-a".into(), "target_tor=tor-b".into()], 1),
-                (vec!["source_tor=tor-a".into(), "target_tor=tor-b".into()], 1),
+                (
+                    vec![
+                        "service=training".into(),
+                        "source_tor=tor-a".into(),
+                        "target_tor=tor-b".into()
+                    ],
+                    1
+                ),
+                (
+                    vec!["source_tor=tor-a".into(), "target_tor=tor-b".into()],
+                    1
+                ),
             ]
         );
         let failed = attrs("rpingmesh.probe_failed_total");
         assert_eq!(failed.len(), 2);
-        assert!(failed.iter().any(|(a, _)| a.len() == 4 && a.contains(&"service=training".to_string())));
-        assert!(failed.iter().any(|(a, _)| a.len() == 3 && !a.iter().any(|x| x.starts_with("service="))));
-        assert_eq!(attrs("rpingmesh.agent.tracer_ringbuf_dropped_total"), vec![(vec![], 3)]);
+        assert!(failed
+            .iter()
+            .any(|(a, _)| a.len() == 4 && a.contains(&"service=training".to_string())));
+        assert!(failed
+            .iter()
+            .any(|(a, _)| a.len() == 3 && !a.iter().any(|x| x.starts_with("service="))));
+        assert_eq!(
+            attrs("rpingmesh.agent.tracer_ringbuf_dropped_total"),
+            vec![(vec![], 3)]
+        );
     }
 }

@@ -434,7 +434,11 @@ pub fn dedupe(ws: Vec<PathSummary>) -> Vec<PathSummary> {
     let mut m: BTreeMap<(String, String, u64), PathSummary> = BTreeMap::new();
     for w in ws {
         m.insert(
-            (w.source_gid.clone(), w.target_gid.clone(), w.window_start_unix_ns),
+            (
+                w.source_gid.clone(),
+                w.target_gid.clone(),
+                w.window_start_unix_ns,
+            ),
             w,
         );
     }
@@ -586,7 +590,10 @@ pub mod netns {
 
         /// Loads an nftables rule set inside the namespace.
         pub fn nft(&self, ruleset: &str) -> Result<()> {
-            run_stdin(&["ip", "netns", "exec", &self.name, "nft", "-f", "-"], ruleset)
+            run_stdin(
+                &["ip", "netns", "exec", &self.name, "nft", "-f", "-"],
+                ruleset,
+            )
         }
     }
 
@@ -627,7 +634,14 @@ pub mod netns {
                 subnet,
                 hosts: Vec::new(),
             };
-            run(&["ip", "addr", "add", &format!("10.77.{subnet}.254/24"), "dev", &bridge])?;
+            run(&[
+                "ip",
+                "addr",
+                "add",
+                &format!("10.77.{subnet}.254/24"),
+                "dev",
+                &bridge,
+            ])?;
             run(&["ip", "link", "set", &bridge, "up"])?;
             Ok(net)
         }

@@ -21,7 +21,9 @@ async fn successes_since(endpoint: &str, src: &str, dst: &str, since_ns: u64) ->
     };
     dedupe(all_windows(&mut op).await.unwrap_or_default())
         .iter()
-        .filter(|w| w.source_gid == src && w.target_gid == dst && w.window_start_unix_ns >= since_ns)
+        .filter(|w| {
+            w.source_gid == src && w.target_gid == dst && w.window_start_unix_ns >= since_ns
+        })
         .map(|w| w.probe_success as u64)
         .sum()
 }
@@ -29,9 +31,14 @@ async fn successes_since(endpoint: &str, src: &str, dst: &str, since_ns: u64) ->
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_datagrams_are_dropped_and_probing_continues() {
     let dir = tempfile::tempdir().unwrap();
-    let controller =
-        spawn_controller(dir.path(), "controller", None, "127.0.0.1:0", &["--metrics-enabled", "false"])
-            .expect("controller");
+    let controller = spawn_controller(
+        dir.path(),
+        "controller",
+        None,
+        "127.0.0.1:0",
+        &["--metrics-enabled", "false"],
+    )
+    .expect("controller");
     let caddr = controller.addr.to_string();
     let (ip1, ip2) = (ip(5, 1), ip(5, 2));
     let mut agents = Vec::new();
@@ -51,7 +58,10 @@ async fn garbage_datagrams_are_dropped_and_probing_continues() {
         async move { (successes_since(&ep, &g1, &g2, 0).await > 0).then_some(()) }
     })
     .await;
-    assert!(first.is_some(), "g1 -> g2 never succeeded before the garbage");
+    assert!(
+        first.is_some(),
+        "g1 -> g2 never succeeded before the garbage"
+    );
 
     // Garbage at g2's probe port (and g1's), for a few seconds.
     let sock = UdpSocket::bind((ip(5, 9), 0)).unwrap();
@@ -108,7 +118,10 @@ async fn garbage_datagrams_are_dropped_and_probing_continues() {
         }
     })
     .await;
-    assert!(later.is_some(), "probing did not continue after the garbage datagrams");
+    assert!(
+        later.is_some(),
+        "probing did not continue after the garbage datagrams"
+    );
     for a in agents.iter_mut() {
         assert!(a.alive(), "agent {} exited", a.name);
     }
@@ -117,9 +130,14 @@ async fn garbage_datagrams_are_dropped_and_probing_continues() {
 #[tokio::test]
 async fn register_without_rnics_is_invalid_argument() {
     let dir = tempfile::tempdir().unwrap();
-    let controller =
-        spawn_controller(dir.path(), "controller", None, "127.0.0.1:0", &["--metrics-enabled", "false"])
-            .expect("controller");
+    let controller = spawn_controller(
+        dir.path(),
+        "controller",
+        None,
+        "127.0.0.1:0",
+        &["--metrics-enabled", "false"],
+    )
+    .expect("controller");
     let mut cc = controller_client(&controller.endpoint()).await.unwrap();
     let err = cc
         .register_agent(AgentRegistrationRequest {
@@ -194,9 +212,14 @@ async fn agent_waits_for_an_unreachable_controller() {
     assert!(agent.alive(), "agent exited");
 
     // The controller appears; the agent registers without a restart.
-    let controller =
-        spawn_controller(dir.path(), "controller", None, &caddr, &["--metrics-enabled", "false"])
-            .expect("controller on the agent's address");
+    let controller = spawn_controller(
+        dir.path(),
+        "controller",
+        None,
+        &caddr,
+        &["--metrics-enabled", "false"],
+    )
+    .expect("controller on the agent's address");
     let mut op = operator(&controller.endpoint()).await.unwrap();
     let gid = gid_of(me);
     let registered = wait_for(Duration::from_secs(40), Duration::from_millis(500), || {
@@ -241,7 +264,11 @@ fn config_with_a_bad_key_exits_2_naming_it() {
     assert_eq!(st.code(), Some(2), "exit status: {st}\n{}", p.stderr());
     let err = p.stderr();
     let lines = non_empty_lines(&err);
-    assert_eq!(lines.len(), 1, "want exactly one line on stderr, got:\n{err}");
+    assert_eq!(
+        lines.len(),
+        1,
+        "want exactly one line on stderr, got:\n{err}"
+    );
     assert!(
         lines[0].contains("probe_intervall_ms"),
         "the error must name the bad key: {}",
@@ -252,9 +279,14 @@ fn config_with_a_bad_key_exits_2_naming_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rdma_transport_is_refused_with_one_line() {
     let dir = tempfile::tempdir().unwrap();
-    let controller =
-        spawn_controller(dir.path(), "controller", None, "127.0.0.1:0", &["--metrics-enabled", "false"])
-            .expect("controller");
+    let controller = spawn_controller(
+        dir.path(),
+        "controller",
+        None,
+        "127.0.0.1:0",
+        &["--metrics-enabled", "false"],
+    )
+    .expect("controller");
     let me = ip(8, 1);
     let mut args = AgentArgs::new("rdma", "tor-r", &controller.addr.to_string(), me)
         .flag("--metrics-enabled", "false")
@@ -269,7 +301,11 @@ async fn rdma_transport_is_refused_with_one_line() {
     assert_eq!(st.code(), Some(1), "exit status: {st}\n{}", p.stderr());
     let err = p.stderr();
     let lines = non_empty_lines(&err);
-    assert_eq!(lines.len(), 1, "want exactly one line on stderr, got:\n{err}");
+    assert_eq!(
+        lines.len(),
+        1,
+        "want exactly one line on stderr, got:\n{err}"
+    );
     assert!(
         lines[0].to_ascii_lowercase().contains("rdma"),
         "the line must say the rdma transport is the problem: {}",
@@ -278,8 +314,9 @@ async fn rdma_transport_is_refused_with_one_line() {
     let mut op = operator(&controller.endpoint()).await.unwrap();
     let rnics = list_rnics(&mut op).await.unwrap();
     assert!(
-        rnics.iter().all(|r| r.agent_id != "rdma"
-            && r.rnic.as_ref().is_none_or(|r| r.gid != gid_of(me))),
+        rnics
+            .iter()
+            .all(|r| r.agent_id != "rdma" && r.rnic.as_ref().is_none_or(|r| r.gid != gid_of(me))),
         "the refused agent registered an RNIC: {rnics:?}"
     );
 }

@@ -41,7 +41,12 @@ async fn netns_mesh_loss_and_rtt() {
     )
     .expect("controller");
 
-    let layout = [("a1", "tor-1"), ("a2", "tor-1"), ("a3", "tor-2"), ("a4", "tor-2")];
+    let layout = [
+        ("a1", "tor-1"),
+        ("a2", "tor-1"),
+        ("a3", "tor-2"),
+        ("a4", "tor-2"),
+    ];
     let mut agents = Vec::new();
     let mut procs = Vec::new();
     for (i, (id, tor)) in layout.iter().enumerate() {
@@ -64,7 +69,9 @@ async fn netns_mesh_loss_and_rtt() {
         });
     }
 
-    let mut op = operator(&controller.endpoint()).await.expect("operator client");
+    let mut op = operator(&controller.endpoint())
+        .await
+        .expect("operator client");
 
     // 1. Every agent registered its RNIC.
     let want: BTreeSet<String> = agents.iter().map(|a| a.gid.clone()).collect();
@@ -99,7 +106,10 @@ async fn netns_mesh_loss_and_rtt() {
             let ok = agents.iter().all(|(gid, tor)| {
                 let mut mesh = false;
                 let mut inter = false;
-                for w in ws.iter().filter(|w| &w.source_gid == gid && w.probe_success > 0) {
+                for w in ws
+                    .iter()
+                    .filter(|w| &w.source_gid == gid && w.probe_success > 0)
+                {
                     match tor_of.get(&w.target_gid) {
                         Some(t) if t == tor && &w.target_gid != gid => mesh = true,
                         Some(t) if t != tor => inter = true,
@@ -307,7 +317,12 @@ async fn netns_mesh_loss_and_rtt() {
 
     // Nobody crashed along the way.
     for p in procs.iter_mut() {
-        assert!(p.alive(), "agent {} exited:\n{}", p.name, tail_lines(&p.stderr(), 20));
+        assert!(
+            p.alive(),
+            "agent {} exited:\n{}",
+            p.name,
+            tail_lines(&p.stderr(), 20)
+        );
     }
     eprintln!("netns mesh test took {:?}", started.elapsed());
     drop(procs);

@@ -96,7 +96,9 @@ fn point_attrs(m: &Metric) -> Vec<Vec<KeyValue>> {
             h.data_points.iter().map(|p| p.attributes.clone()).collect()
         }
         Some(metric::Data::Sum(s)) => s.data_points.iter().map(|p| p.attributes.clone()).collect(),
-        Some(metric::Data::Gauge(g)) => g.data_points.iter().map(|p| p.attributes.clone()).collect(),
+        Some(metric::Data::Gauge(g)) => {
+            g.data_points.iter().map(|p| p.attributes.clone()).collect()
+        }
         _ => Vec::new(),
     }
 }
@@ -267,7 +269,11 @@ async fn otlp_metrics_contract() {
     let mut summary: BTreeMap<(String, String, String), usize> = BTreeMap::new();
     for s in &seen {
         *summary
-            .entry((s.service.clone(), s.metric.name.clone(), s.metric.unit.clone()))
+            .entry((
+                s.service.clone(),
+                s.metric.name.clone(),
+                s.metric.unit.clone(),
+            ))
             .or_default() += point_attrs(&s.metric).len();
     }
     eprintln!("received (service, metric, unit) -> data points: {summary:?}");
@@ -284,7 +290,11 @@ async fn otlp_metrics_contract() {
             };
             for p in &hd.data_points {
                 assert_eq!(p.explicit_bounds, BUCKETS, "bucket bounds of {name}");
-                assert_eq!(p.bucket_counts.len(), BUCKETS.len() + 1, "bucket counts of {name}");
+                assert_eq!(
+                    p.bucket_counts.len(),
+                    BUCKETS.len() + 1,
+                    "bucket counts of {name}"
+                );
                 for key in ["source_tor", "target_tor"] {
                     assert!(
                         str_attr(&p.attributes, key).is_some(),
@@ -348,7 +358,12 @@ async fn otlp_metrics_contract() {
     }
 
     for p in procs.iter_mut() {
-        assert!(p.alive(), "agent {} exited:\n{}", p.name, tail_lines(&p.stderr(), 20));
+        assert!(
+            p.alive(),
+            "agent {} exited:\n{}",
+            p.name,
+            tail_lines(&p.stderr(), 20)
+        );
     }
     drop(procs);
     drop(controller);

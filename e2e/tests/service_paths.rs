@@ -29,7 +29,11 @@ fn build_fixture(dir: &Path) -> PathBuf {
         .arg(&src)
         .output()
         .expect("rustc runs");
-    assert!(out.status.success(), "building the fixture: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "building the fixture: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     exe
 }
 
@@ -72,11 +76,17 @@ impl Drop for Fixture {
 }
 
 fn gid_hex(ip: Ipv4Addr) -> String {
-    ip.to_ipv6_mapped().octets().iter().map(|b| format!("{b:02x}")).collect()
+    ip.to_ipv6_mapped()
+        .octets()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 async fn service_paths(endpoint: &str) -> Vec<ServicePath> {
-    let Ok(mut op) = operator(endpoint).await else { return Vec::new() };
+    let Ok(mut op) = operator(endpoint).await else {
+        return Vec::new();
+    };
     op.list_service_paths(ListServicePathsRequest::default())
         .await
         .map(|r| r.into_inner().paths)
@@ -95,7 +105,14 @@ async fn service_path_is_learned_probed_and_removed() {
     let started = Instant::now();
     let dir = tempfile::tempdir().unwrap();
     let fixture = build_fixture(dir.path());
-    let ctl = spawn_controller(dir.path(), "controller", None, "127.0.0.1:0", &["--metrics-enabled", "false"]).unwrap();
+    let ctl = spawn_controller(
+        dir.path(),
+        "controller",
+        None,
+        "127.0.0.1:0",
+        &["--metrics-enabled", "false"],
+    )
+    .unwrap();
     let ep = ctl.endpoint();
     let common = |a: AgentArgs| {
         a.flag("--metrics-enabled", "false")
@@ -106,15 +123,26 @@ async fn service_path_is_learned_probed_and_removed() {
     let a = spawn_agent(
         dir.path(),
         None,
-        &common(AgentArgs::new("svc-a", "tor-a", &ctl.addr.to_string(), A_IP))
-            .flag("--service-tracing-mode", "uprobe")
-            .flag("--service-tracing-uprobe-targets", fixture.display()),
+        &common(AgentArgs::new(
+            "svc-a",
+            "tor-a",
+            &ctl.addr.to_string(),
+            A_IP,
+        ))
+        .flag("--service-tracing-mode", "uprobe")
+        .flag("--service-tracing-uprobe-targets", fixture.display()),
     )
     .unwrap();
     let b = spawn_agent(
         dir.path(),
         None,
-        &common(AgentArgs::new("svc-b", "tor-b", &ctl.addr.to_string(), B_IP)).flag("--service-tracing-mode", "off"),
+        &common(AgentArgs::new(
+            "svc-b",
+            "tor-b",
+            &ctl.addr.to_string(),
+            B_IP,
+        ))
+        .flag("--service-tracing-mode", "off"),
     )
     .unwrap();
 
@@ -122,24 +150,55 @@ async fn service_path_is_learned_probed_and_removed() {
     let mut op = operator(&ep).await.unwrap();
     let registered = wait_for(Duration::from_secs(15), Duration::from_millis(200), || {
         let mut op = op.clone();
-        async move { list_rnics(&mut op).await.ok().filter(|r| r.len() == 2).map(|_| ()) }
+        async move {
+            list_rnics(&mut op)
+                .await
+                .ok()
+                .filter(|r| r.len() == 2)
+                .map(|_| ())
+        }
     })
     .await;
-    assert!(registered.is_some(), "agents did not register:\nA: {}\nB: {}", logs(&a), logs(&b));
+    assert!(
+        registered.is_some(),
+        "agents did not register:\nA: {}\nB: {}",
+        logs(&a),
+        logs(&b)
+    );
     let tracing_on = wait_for(Duration::from_secs(10), Duration::from_millis(100), || {
         let on = a.stderr().contains("service tracing on");
         async move { on.then_some(()) }
     })
     .await;
-    assert!(tracing_on.is_some(), "agent A did not start tracing:\n{}", logs(&a));
+    assert!(
+        tracing_on.is_some(),
+        "agent A did not start tracing:\n{}",
+        logs(&a)
+    );
 
     // The fixture connects a QP on A's pseudo-RNIC to B's GID.
     let (gid_a, gid_b) = (gid_of(A_IP), gid_of(B_IP));
     let mut fx = Fixture::spawn(
         &fixture,
         &[
-            "--dev", "udp0", "--port", "1", "--sgid-index", "0", "--qpn", "0x345", "--dest-qpn", "0x777",
-            "--dgid", &gid_hex(B_IP), "--flow-label", &format!("{FLOW_LABEL:#x}"), "--sl", "0", "--tc", "0",
+            "--dev",
+            "udp0",
+            "--port",
+            "1",
+            "--sgid-index",
+            "0",
+            "--qpn",
+            "0x345",
+            "--dest-qpn",
+            "0x777",
+            "--dgid",
+            &gid_hex(B_IP),
+            "--flow-label",
+            &format!("{FLOW_LABEL:#x}"),
+            "--sl",
+            "0",
+            "--tc",
+            "0",
         ],
     );
     fx.expect("ready");
@@ -161,19 +220,31 @@ async fn service_path_is_learned_probed_and_removed() {
     assert_eq!(path.flow_label, FLOW_LABEL);
     assert_eq!(path.service, SERVICE);
     assert_eq!(path.source_agent_id, "svc-a");
-    assert_eq!((path.source_tor_id.as_str(), path.target_tor_id.as_str()), ("tor-a", "tor-b"));
+    assert_eq!(
+        (path.source_tor_id.as_str(), path.target_tor_id.as_str()),
+        ("tor-a", "tor-b")
+    );
 
     // A probes it as a SERVICE target: its windows come back typed and named.
     let window = wait_for(Duration::from_secs(20), Duration::from_millis(500), || {
         let (mut op, ga, gb) = (op.clone(), gid_a.clone(), gid_b.clone());
         async move {
             all_windows(&mut op).await.ok()?.into_iter().find(|w| {
-                w.source_gid == ga && w.target_gid == gb && w.pinglist_type == PinglistType::Service as i32 && w.probe_total > 0
+                w.source_gid == ga
+                    && w.target_gid == gb
+                    && w.pinglist_type == PinglistType::Service as i32
+                    && w.probe_total > 0
             })
         }
     })
     .await
-    .unwrap_or_else(|| panic!("no SERVICE window from agent A:\nA: {}\nB: {}", logs(&a), logs(&b)));
+    .unwrap_or_else(|| {
+        panic!(
+            "no SERVICE window from agent A:\nA: {}\nB: {}",
+            logs(&a),
+            logs(&b)
+        )
+    });
     assert_eq!(window.service, SERVICE);
     assert!(window.probe_success > 0, "{window:?}");
     // ToR-mesh/inter-ToR windows stay untyped by service.
@@ -194,12 +265,25 @@ async fn service_path_is_learned_probed_and_removed() {
         }
     })
     .await;
-    assert!(gone.is_some(), "service path still listed after destroy:\nA: {}", logs(&a));
+    assert!(
+        gone.is_some(),
+        "service path still listed after destroy:\nA: {}",
+        logs(&a)
+    );
     // One line said why tracing is on; no crash on either agent.
     drop(fx);
     let (mut a, mut b) = (a, b);
-    assert!(a.alive() && b.alive(), "an agent died:\nA: {}\nB: {}", logs(&a), logs(&b));
-    assert!(started.elapsed() < Duration::from_secs(60), "took {:?}", started.elapsed());
+    assert!(
+        a.alive() && b.alive(),
+        "an agent died:\nA: {}\nB: {}",
+        logs(&a),
+        logs(&b)
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "took {:?}",
+        started.elapsed()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -208,26 +292,65 @@ async fn tracing_failure_is_one_line_and_probing_continues() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let ctl = spawn_controller(dir.path(), "controller", None, "127.0.0.1:0", &["--metrics-enabled", "false"]).unwrap();
+    let ctl = spawn_controller(
+        dir.path(),
+        "controller",
+        None,
+        "127.0.0.1:0",
+        &["--metrics-enabled", "false"],
+    )
+    .unwrap();
     // The eBPF object cannot be read: tracing goes off with one line, the agent stays.
-    let mut args = vec!["RPINGMESH_EBPF_OBJECT=/nonexistent/agent.bpf.o".to_string(), bin(AGENT_BIN).display().to_string()];
+    let mut args = vec![
+        "RPINGMESH_EBPF_OBJECT=/nonexistent/agent.bpf.o".to_string(),
+        bin(AGENT_BIN).display().to_string(),
+    ];
     args.extend(
-        AgentArgs::new("svc-off", "tor-a", &ctl.addr.to_string(), Ipv4Addr::new(127, 0, 5, 3))
-            .flag("--metrics-enabled", "false")
-            .flag("--service-tracing-mode", "auto")
-            .to_args(),
+        AgentArgs::new(
+            "svc-off",
+            "tor-a",
+            &ctl.addr.to_string(),
+            Ipv4Addr::new(127, 0, 5, 3),
+        )
+        .flag("--metrics-enabled", "false")
+        .flag("--service-tracing-mode", "auto")
+        .to_args(),
     );
-    let a = Proc::spawn(dir.path(), "svc-off", None, Path::new("/usr/bin/env"), &args).unwrap();
+    let a = Proc::spawn(
+        dir.path(),
+        "svc-off",
+        None,
+        Path::new("/usr/bin/env"),
+        &args,
+    )
+    .unwrap();
     let op = operator(&ctl.endpoint()).await.unwrap();
     let registered = wait_for(Duration::from_secs(15), Duration::from_millis(200), || {
         let mut op = op.clone();
-        async move { list_rnics(&mut op).await.ok().filter(|r| r.len() == 1).map(|_| ()) }
+        async move {
+            list_rnics(&mut op)
+                .await
+                .ok()
+                .filter(|r| r.len() == 1)
+                .map(|_| ())
+        }
     })
     .await;
-    assert!(registered.is_some(), "agent did not register:\n{}", logs(&a));
+    assert!(
+        registered.is_some(),
+        "agent did not register:\n{}",
+        logs(&a)
+    );
     let log = a.stderr();
-    let off: Vec<&str> = log.lines().filter(|l| l.contains("service tracing off")).collect();
-    assert_eq!(off.len(), 1, "want exactly one 'service tracing off' line:\n{log}");
+    let off: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("service tracing off"))
+        .collect();
+    assert_eq!(
+        off.len(),
+        1,
+        "want exactly one 'service tracing off' line:\n{log}"
+    );
     assert!(off[0].contains("/nonexistent/agent.bpf.o"), "{}", off[0]);
     assert!(!log.contains("service tracing on"), "{log}");
     let mut a = a;

@@ -27,5 +27,9 @@ pub enum PinglistKind {
 }
 
 impl PinglistKind {
-    pub const ALL: [PinglistKind; 3] = [PinglistKind::TorMesh, PinglistKind::InterTor, PinglistKind::Service];
+    pub const ALL: [PinglistKind; 3] = [
+        PinglistKind::TorMesh,
+        PinglistKind::InterTor,
+        PinglistKind::Service,
+    ];
 }

@@ -368,7 +368,10 @@ mod tests {
                 .filter(|p| p.1 == Service && p.0 >= round * S && p.0 < (round + 1) * S)
                 .collect();
             assert_eq!(svc.len(), 3, "round {round}");
-            assert!(svc.iter().all(|p| p.0 - round * S <= MS), "service probes delayed in round {round}");
+            assert!(
+                svc.iter().all(|p| p.0 - round * S <= MS),
+                "service probes delayed in round {round}"
+            );
         }
         // Emptying SERVICE leaves the others running.
         s.set_targets(Service, vec![], 2.0, 10 * S);
@@ -384,7 +387,10 @@ mod tests {
         s.set_targets(TorMesh, vec![1, 2], 100.0, 0);
         s.set_targets(InterTor, vec![10, 11], 100.0, 0);
         let kinds: Vec<_> = std::iter::from_fn(|| s.poll(0)).map(|p| p.0).collect();
-        assert_eq!(kinds, [InterTor, Service, TorMesh, InterTor, Service, TorMesh]);
+        assert_eq!(
+            kinds,
+            [InterTor, Service, TorMesh, InterTor, Service, TorMesh]
+        );
         assert_eq!(PinglistKind::ALL.map(|k| k as i32), [0, 1, 2]);
     }
 }

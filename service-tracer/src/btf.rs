@@ -12,9 +12,18 @@ pub enum BtfError {
     #[error("BTF {what}: struct {strukt} not found")]
     NoStruct { what: String, strukt: String },
     #[error("BTF {what}: struct {strukt} has no member {member}")]
-    NoMember { what: String, strukt: String, member: String },
+    NoMember {
+        what: String,
+        strukt: String,
+        member: String,
+    },
     #[error("BTF {what}: {strukt}.{member} is a bitfield (bit offset {bits})")]
-    Bitfield { what: String, strukt: String, member: String, bits: u32 },
+    Bitfield {
+        what: String,
+        strukt: String,
+        member: String,
+        bits: u32,
+    },
     #[error("reading {path}: {err}")]
     Io { path: String, err: String },
 }
@@ -50,9 +59,14 @@ struct Member {
 #[derive(Debug, Clone)]
 enum Ty {
     /// struct or union with members
-    Composite { name_off: u32, members: Vec<Member> },
+    Composite {
+        name_off: u32,
+        members: Vec<Member>,
+    },
     /// typedef / const / volatile / restrict / type_tag: follow `to`
-    Alias { to: u32 },
+    Alias {
+        to: u32,
+    },
     Other,
 }
 
@@ -67,13 +81,19 @@ pub struct Btf {
 }
 
 fn rd32(d: &[u8], off: usize) -> Option<u32> {
-    d.get(off..off + 4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    d.get(off..off + 4)
+        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
 }
 
 impl Btf {
     /// Parse a standalone (base) BTF blob, e.g. /sys/kernel/btf/vmlinux.
     pub fn parse(what: &str, data: &[u8]) -> Result<Btf, BtfError> {
-        let mut b = Btf { what: what.to_string(), types: vec![Ty::Other], strings: Vec::new(), by_name: HashMap::new() };
+        let mut b = Btf {
+            what: what.to_string(),
+            types: vec![Ty::Other],
+            strings: Vec::new(),
+            by_name: HashMap::new(),
+        };
         b.add(data, 0)?;
         Ok(b)
     }
@@ -88,7 +108,10 @@ impl Btf {
     }
 
     pub fn from_file(path: &Path, base: Option<&Btf>) -> Result<Btf, BtfError> {
-        let data = std::fs::read(path).map_err(|e| BtfError::Io { path: path.display().to_string(), err: e.to_string() })?;
+        let data = std::fs::read(path).map_err(|e| BtfError::Io {
+            path: path.display().to_string(),
+            err: e.to_string(),
+        })?;
         let what = path.display().to_string();
         match base {
             Some(base) => Btf::parse_split(&what, &data, base),
@@ -97,16 +120,24 @@ impl Btf {
     }
 
     fn bad(&self, detail: impl Into<String>) -> BtfError {
-        BtfError::Malformed { what: self.what.clone(), detail: detail.into() }
+        BtfError::Malformed {
+            what: self.what.clone(),
+            detail: detail.into(),
+        }
     }
 
     fn add(&mut self, d: &[u8], str_base: u32) -> Result<(), BtfError> {
         if d.len() < 24 {
-            return Err(self.bad(format!("{} bytes, shorter than the 24-byte header", d.len())));
+            return Err(self.bad(format!(
+                "{} bytes, shorter than the 24-byte header",
+                d.len()
+            )));
         }
         let magic = u16::from_le_bytes([d[0], d[1]]);
         if magic != MAGIC {
-            return Err(self.bad(format!("bad magic {magic:#06x} (want 0xeb9f, little-endian)")));
+            return Err(self.bad(format!(
+                "bad magic {magic:#06x} (want 0xeb9f, little-endian)"
+            )));
         }
         if d[2] != 1 {
             return Err(self.bad(format!("unsupported version {}", d[2])));
@@ -118,7 +149,10 @@ impl Btf {
             let end = start.and_then(|s| s.checked_add(len));
             match (start, end) {
                 (Some(s), Some(e)) if e <= d.len() => Ok(&d[s..e]),
-                _ => Err(self.bad(format!("{name} section {off}+{len} beyond {} bytes", d.len()))),
+                _ => Err(self.bad(format!(
+                    "{name} section {off}+{len} beyond {} bytes",
+                    d.len()
+                ))),
             }
         };
         let types = sec(type_off, type_len, "type")?;
@@ -130,7 +164,10 @@ impl Btf {
         let mut p = 0usize;
         while p < types.len() {
             let at = p;
-            let trunc = || BtfError::Malformed { what: self.what.clone(), detail: format!("type {} truncated at byte {at}", self.types.len()) };
+            let trunc = || BtfError::Malformed {
+                what: self.what.clone(),
+                detail: format!("type {} truncated at byte {at}", self.types.len()),
+            };
             let name_off = rd32(types, p).ok_or_else(trunc)?;
             let info = rd32(types, p + 4).ok_or_else(trunc)?;
             let size_or_type = rd32(types, p + 8).ok_or_else(trunc)?;
@@ -143,9 +180,11 @@ impl Btf {
                 KIND_ARRAY => 12,
                 KIND_STRUCT | KIND_UNION | KIND_DATASEC | KIND_ENUM64 => 12 * vlen,
                 KIND_ENUM | KIND_FUNC_PROTO => 8 * vlen,
-                KIND_PTR | KIND_FWD | KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST | KIND_RESTRICT | KIND_FUNC
-                | KIND_FLOAT | KIND_TYPE_TAG => 0,
-                k => return Err(self.bad(format!("type {} has unknown kind {k}", self.types.len()))),
+                KIND_PTR | KIND_FWD | KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST | KIND_RESTRICT
+                | KIND_FUNC | KIND_FLOAT | KIND_TYPE_TAG => 0,
+                k => {
+                    return Err(self.bad(format!("type {} has unknown kind {k}", self.types.len())))
+                }
             };
             if p + extra > types.len() {
                 return Err(trunc());
@@ -165,7 +204,9 @@ impl Btf {
                     }
                     Ty::Composite { name_off, members }
                 }
-                KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST | KIND_RESTRICT | KIND_TYPE_TAG => Ty::Alias { to: size_or_type },
+                KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST | KIND_RESTRICT | KIND_TYPE_TAG => {
+                    Ty::Alias { to: size_or_type }
+                }
                 _ => Ty::Other,
             };
             p += extra;
@@ -188,10 +229,15 @@ impl Btf {
             match t {
                 Ty::Composite { members, .. } => {
                     if let Some(m) = members.iter().find(|m| m.type_id >= n) {
-                        return Err(self.bad(format!("type {id} member refers to type {} of {n}", m.type_id)));
+                        return Err(self.bad(format!(
+                            "type {id} member refers to type {} of {n}",
+                            m.type_id
+                        )));
                     }
                 }
-                Ty::Alias { to } if *to >= n => return Err(self.bad(format!("type {id} refers to type {to} of {n}"))),
+                Ty::Alias { to } if *to >= n => {
+                    return Err(self.bad(format!("type {id} refers to type {to} of {n}")))
+                }
                 _ => {}
             }
         }
@@ -199,8 +245,16 @@ impl Btf {
     }
 
     fn str_at(&self, off: u32) -> Result<&str, BtfError> {
-        let s = self.strings.get(off as usize..).ok_or_else(|| self.bad(format!("string offset {off} beyond {} bytes", self.strings.len())))?;
-        let end = s.iter().position(|c| *c == 0).ok_or_else(|| self.bad(format!("string at {off} not NUL-terminated")))?;
+        let s = self.strings.get(off as usize..).ok_or_else(|| {
+            self.bad(format!(
+                "string offset {off} beyond {} bytes",
+                self.strings.len()
+            ))
+        })?;
+        let end = s
+            .iter()
+            .position(|c| *c == 0)
+            .ok_or_else(|| self.bad(format!("string at {off} not NUL-terminated")))?;
         std::str::from_utf8(&s[..end]).map_err(|_| self.bad(format!("string at {off} not UTF-8")))
     }
 
@@ -211,14 +265,24 @@ impl Btf {
     /// Byte offset of `member` in struct/union `strukt`, looking through anonymous
     /// struct/union members.
     pub fn member_offset(&self, strukt: &str, member: &str) -> Result<u32, BtfError> {
-        let id = *self.by_name.get(strukt).ok_or_else(|| BtfError::NoStruct { what: self.what.clone(), strukt: strukt.into() })?;
-        let bits = self.find_member(id, member, 0, 0).ok_or_else(|| BtfError::NoMember {
+        let id = *self.by_name.get(strukt).ok_or_else(|| BtfError::NoStruct {
             what: self.what.clone(),
             strukt: strukt.into(),
-            member: member.into(),
         })?;
+        let bits = self
+            .find_member(id, member, 0, 0)
+            .ok_or_else(|| BtfError::NoMember {
+                what: self.what.clone(),
+                strukt: strukt.into(),
+                member: member.into(),
+            })?;
         if bits % 8 != 0 {
-            return Err(BtfError::Bitfield { what: self.what.clone(), strukt: strukt.into(), member: member.into(), bits });
+            return Err(BtfError::Bitfield {
+                what: self.what.clone(),
+                strukt: strukt.into(),
+                member: member.into(),
+                bits,
+            });
         }
         Ok(bits / 8)
     }
@@ -237,15 +301,25 @@ impl Btf {
         if depth > 8 {
             return None;
         }
-        let Some(Ty::Composite { members, .. }) = self.types.get(id as usize) else { return None };
+        let Some(Ty::Composite { members, .. }) = self.types.get(id as usize) else {
+            return None;
+        };
         for m in members {
             let name = self.str_at(m.name_off).ok()?;
             if name == member {
                 return Some(base_bits + m.bit_offset);
             }
         }
-        for m in members.iter().filter(|m| self.str_at(m.name_off).is_ok_and(str::is_empty)) {
-            if let Some(b) = self.find_member(self.resolve(m.type_id), member, base_bits + m.bit_offset, depth + 1) {
+        for m in members
+            .iter()
+            .filter(|m| self.str_at(m.name_off).is_ok_and(str::is_empty))
+        {
+            if let Some(b) = self.find_member(
+                self.resolve(m.type_id),
+                member,
+                base_bits + m.bit_offset,
+                depth + 1,
+            ) {
                 return Some(b);
             }
         }
@@ -256,7 +330,9 @@ impl Btf {
 /// Kernel offsets the kprobe programs need (`agent_common::event::KOFF_*`), resolved from
 /// `<btf_dir>/vmlinux` plus the first of `ib_core`, `ib_uverbs` that defines `ib_qp`
 /// (or vmlinux itself when RDMA is built in).
-pub fn resolve_kernel_offsets(btf_dir: &Path) -> Result<[u32; rpingmesh_agent_common::event::KOFF_COUNT], BtfError> {
+pub fn resolve_kernel_offsets(
+    btf_dir: &Path,
+) -> Result<[u32; rpingmesh_agent_common::event::KOFF_COUNT], BtfError> {
     let vmlinux = Btf::from_file(&btf_dir.join("vmlinux"), None)?;
     let mut btf = None;
     for module in ["ib_core", "ib_uverbs"] {
@@ -274,7 +350,9 @@ pub fn resolve_kernel_offsets(btf_dir: &Path) -> Result<[u32; rpingmesh_agent_co
 }
 
 /// Offsets from an already-parsed BTF that defines the ib_core structs.
-pub fn kernel_offsets_from(btf: &Btf) -> Result<[u32; rpingmesh_agent_common::event::KOFF_COUNT], BtfError> {
+pub fn kernel_offsets_from(
+    btf: &Btf,
+) -> Result<[u32; rpingmesh_agent_common::event::KOFF_COUNT], BtfError> {
     use rpingmesh_agent_common::event::*;
     let mut o = [0u32; KOFF_COUNT];
     let table: [(usize, &str, &str); KOFF_COUNT - 1] = [
@@ -337,7 +415,13 @@ pub(crate) mod testutil {
         d.extend_from_slice(&0xeb9fu16.to_le_bytes());
         d.push(1);
         d.push(0);
-        for v in [24u32, 0, t.len() as u32, t.len() as u32, strings.len() as u32] {
+        for v in [
+            24u32,
+            0,
+            t.len() as u32,
+            t.len() as u32,
+            strings.len() as u32,
+        ] {
             d.extend_from_slice(&v.to_le_bytes());
         }
         d.extend_from_slice(&t);
@@ -360,7 +444,9 @@ mod tests {
             off
         };
         let mut t = Vec::new();
-        let w = |t: &mut Vec<u8>, v: [u32; 3]| v.iter().for_each(|x| t.extend_from_slice(&x.to_le_bytes()));
+        let w = |t: &mut Vec<u8>, v: [u32; 3]| {
+            v.iter().for_each(|x| t.extend_from_slice(&x.to_le_bytes()))
+        };
         w(&mut t, [1, 1 << 24, 4]);
         t.extend_from_slice(&32u32.to_le_bytes());
         for (sname, members) in structs {
@@ -372,7 +458,13 @@ mod tests {
             }
         }
         let mut d = vec![0x9f, 0xeb, 1, 0];
-        for v in [24u32, 0, t.len() as u32, t.len() as u32, strings.len() as u32] {
+        for v in [
+            24u32,
+            0,
+            t.len() as u32,
+            t.len() as u32,
+            strings.len() as u32,
+        ] {
             d.extend_from_slice(&v.to_le_bytes());
         }
         d.extend_from_slice(&t);
@@ -384,18 +476,63 @@ mod tests {
     fn kernel_offsets_from_ib_structs() {
         use rpingmesh_agent_common::event::*;
         let data = build(&[
-            ("ib_qp", &[("device", 0), ("qp_num", 120), ("qp_type", 132), ("port", 140)]),
+            (
+                "ib_qp",
+                &[
+                    ("device", 0),
+                    ("qp_num", 120),
+                    ("qp_type", 132),
+                    ("port", 140),
+                ],
+            ),
             ("ib_device", &[("name", 40)]),
-            ("ib_qp_attr", &[("qp_state", 0), ("dest_qp_num", 28), ("ah_attr", 48), ("port_num", 200)]),
-            ("rdma_ah_attr", &[("grh", 0), ("sl", 40), ("port_num", 44), ("ah_flags", 48)]),
-            ("ib_global_route", &[("dgid", 8), ("flow_label", 24), ("sgid_index", 28), ("hop_limit", 29), ("traffic_class", 30)]),
+            (
+                "ib_qp_attr",
+                &[
+                    ("qp_state", 0),
+                    ("dest_qp_num", 28),
+                    ("ah_attr", 48),
+                    ("port_num", 200),
+                ],
+            ),
+            (
+                "rdma_ah_attr",
+                &[("grh", 0), ("sl", 40), ("port_num", 44), ("ah_flags", 48)],
+            ),
+            (
+                "ib_global_route",
+                &[
+                    ("dgid", 8),
+                    ("flow_label", 24),
+                    ("sgid_index", 28),
+                    ("hop_limit", 29),
+                    ("traffic_class", 30),
+                ],
+            ),
         ]);
         let b = Btf::parse("synthetic", &data).unwrap();
         let o = kernel_offsets_from(&b).unwrap();
         assert_eq!(o[KOFF_VALID], 1);
-        assert_eq!((o[KOFF_QP_QP_NUM], o[KOFF_QP_PORT], o[KOFF_DEVICE_NAME]), (120, 140, 40));
-        assert_eq!((o[KOFF_ATTR_AH_ATTR], o[KOFF_ATTR_PORT_NUM], o[KOFF_AH_FLAGS]), (48, 200, 48));
-        assert_eq!((o[KOFF_GRH_DGID], o[KOFF_GRH_FLOW_LABEL], o[KOFF_GRH_TRAFFIC_CLASS]), (8, 24, 30));
+        assert_eq!(
+            (o[KOFF_QP_QP_NUM], o[KOFF_QP_PORT], o[KOFF_DEVICE_NAME]),
+            (120, 140, 40)
+        );
+        assert_eq!(
+            (
+                o[KOFF_ATTR_AH_ATTR],
+                o[KOFF_ATTR_PORT_NUM],
+                o[KOFF_AH_FLAGS]
+            ),
+            (48, 200, 48)
+        );
+        assert_eq!(
+            (
+                o[KOFF_GRH_DGID],
+                o[KOFF_GRH_FLOW_LABEL],
+                o[KOFF_GRH_TRAFFIC_CLASS]
+            ),
+            (8, 24, 30)
+        );
         // A kernel whose ib_global_route lacks a member: error names it.
         let data = build(&[("ib_qp", &[("device", 0)])]);
         let e = kernel_offsets_from(&Btf::parse("k", &data).unwrap()).unwrap_err();
@@ -413,7 +550,13 @@ mod tests {
             t.extend_from_slice(&v.to_le_bytes());
         }
         let mut d = vec![0x9f, 0xeb, 1, 0];
-        for v in [24u32, 0, t.len() as u32, t.len() as u32, strings.len() as u32] {
+        for v in [
+            24u32,
+            0,
+            t.len() as u32,
+            t.len() as u32,
+            strings.len() as u32,
+        ] {
             d.extend_from_slice(&v.to_le_bytes());
         }
         d.extend_from_slice(&t);
@@ -428,9 +571,18 @@ mod tests {
         let b = Btf::parse("tiny", &testutil::tiny()).unwrap();
         assert_eq!(b.member_offset("outer", "a"), Ok(0));
         assert_eq!(b.member_offset("outer", "c"), Ok(4));
-        assert!(matches!(b.member_offset("outer", "d"), Err(BtfError::Bitfield { bits: 66, .. })));
-        assert!(matches!(b.member_offset("outer", "zz"), Err(BtfError::NoMember { .. })));
-        assert!(matches!(b.member_offset("nope", "a"), Err(BtfError::NoStruct { .. })));
+        assert!(matches!(
+            b.member_offset("outer", "d"),
+            Err(BtfError::Bitfield { bits: 66, .. })
+        ));
+        assert!(matches!(
+            b.member_offset("outer", "zz"),
+            Err(BtfError::NoMember { .. })
+        ));
+        assert!(matches!(
+            b.member_offset("nope", "a"),
+            Err(BtfError::NoStruct { .. })
+        ));
     }
 
     #[test]
@@ -438,16 +590,40 @@ mod tests {
         let good = testutil::tiny();
         let cases: Vec<(&str, Vec<u8>)> = vec![
             ("empty", vec![]),
-            ("bad magic", { let mut d = good.clone(); d[0] = 0; d }),
+            ("bad magic", {
+                let mut d = good.clone();
+                d[0] = 0;
+                d
+            }),
             ("truncated", good[..good.len() - 20].to_vec()),
-            ("types cut", { let mut d = good.clone(); d.truncate(24 + 30); d }),
-            ("unknown kind", { let mut d = good.clone(); d[24 + 7] = 30; d }),
-            ("bad string offset", { let mut d = good.clone(); d[24 + 12 + 4 + 12] = 0xff; d[24 + 12 + 4 + 13] = 0xff; d }),
-            ("dangling type id", { let mut d = good.clone(); d[24 + 16 + 12 + 4] = 99; d }),
+            ("types cut", {
+                let mut d = good.clone();
+                d.truncate(24 + 30);
+                d
+            }),
+            ("unknown kind", {
+                let mut d = good.clone();
+                d[24 + 7] = 30;
+                d
+            }),
+            ("bad string offset", {
+                let mut d = good.clone();
+                d[24 + 12 + 4 + 12] = 0xff;
+                d[24 + 12 + 4 + 13] = 0xff;
+                d
+            }),
+            ("dangling type id", {
+                let mut d = good.clone();
+                d[24 + 16 + 12 + 4] = 99;
+                d
+            }),
         ];
         for (name, data) in cases {
             let r = Btf::parse("t", &data);
-            assert!(matches!(r, Err(BtfError::Malformed { .. })), "{name}: {r:?}");
+            assert!(
+                matches!(r, Err(BtfError::Malformed { .. })),
+                "{name}: {r:?}"
+            );
             let msg = r.unwrap_err().to_string();
             assert!(msg.starts_with("malformed BTF (t)"), "{name}: {msg}");
         }

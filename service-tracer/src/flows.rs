@@ -124,7 +124,10 @@ pub struct FlowTableConfig {
 
 impl Default for FlowTableConfig {
     fn default() -> Self {
-        FlowTableConfig { max_qps: 65_536, max_tombstones: 16_384 }
+        FlowTableConfig {
+            max_qps: 65_536,
+            max_tombstones: 16_384,
+        }
     }
 }
 
@@ -158,7 +161,10 @@ pub(crate) fn cstr(b: &[u8]) -> String {
 
 impl FlowTable {
     pub fn new(cfg: FlowTableConfig) -> Self {
-        let cfg = FlowTableConfig { max_qps: cfg.max_qps.max(1), max_tombstones: cfg.max_tombstones.max(1) };
+        let cfg = FlowTableConfig {
+            max_qps: cfg.max_qps.max(1),
+            max_tombstones: cfg.max_tombstones.max(1),
+        };
         FlowTable {
             cfg,
             qps: HashMap::new(),
@@ -204,14 +210,26 @@ impl FlowTable {
     }
 
     /// Decode and apply one ring-buffer record.
-    pub fn apply_bytes(&mut self, b: &[u8], r: &dyn GidResolver, f: &dyn QpFilter, out: &mut Vec<FlowChange>) {
+    pub fn apply_bytes(
+        &mut self,
+        b: &[u8],
+        r: &dyn GidResolver,
+        f: &dyn QpFilter,
+        out: &mut Vec<FlowChange>,
+    ) {
         match QpEvent::from_bytes(b) {
             Some(ev) => self.apply(&ev, r, f, out),
             None => self.stats.malformed += 1,
         }
     }
 
-    pub fn apply(&mut self, ev: &QpEvent, r: &dyn GidResolver, f: &dyn QpFilter, out: &mut Vec<FlowChange>) {
+    pub fn apply(
+        &mut self,
+        ev: &QpEvent,
+        r: &dyn GidResolver,
+        f: &dyn QpFilter,
+        out: &mut Vec<FlowChange>,
+    ) {
         self.stats.events += 1;
         let id: QpId = (ev.dev_name, ev.qp_num);
         if let Some(&t) = self.tombstones.get(&id) {
@@ -243,10 +261,28 @@ impl FlowTable {
             // destroy, e.g. a ring-buffer drop) and the QPN was reused.
             self.forget_qp(id, out);
         }
-        self.insert_qp(id, QpState { tgid: ev.tgid, port: ev.port, created_ns: ev.boot_ns, last_ns: ev.boot_ns, flow: None, lru: 0 }, out);
+        self.insert_qp(
+            id,
+            QpState {
+                tgid: ev.tgid,
+                port: ev.port,
+                created_ns: ev.boot_ns,
+                last_ns: ev.boot_ns,
+                flow: None,
+                lru: 0,
+            },
+            out,
+        );
     }
 
-    fn on_modify(&mut self, id: QpId, ev: &QpEvent, r: &dyn GidResolver, f: &dyn QpFilter, out: &mut Vec<FlowChange>) {
+    fn on_modify(
+        &mut self,
+        id: QpId,
+        ev: &QpEvent,
+        r: &dyn GidResolver,
+        f: &dyn QpFilter,
+        out: &mut Vec<FlowChange>,
+    ) {
         self.stats.modifies += 1;
         match self.qps.get(&id) {
             Some(q) if ev.boot_ns < q.last_ns => {
@@ -261,7 +297,18 @@ impl FlowTable {
         }
         if !self.qps.contains_key(&id) {
             // Modify without a create (tracer started late, or the create was dropped).
-            self.insert_qp(id, QpState { tgid: ev.tgid, port: 0, created_ns: ev.boot_ns, last_ns: ev.boot_ns, flow: None, lru: 0 }, out);
+            self.insert_qp(
+                id,
+                QpState {
+                    tgid: ev.tgid,
+                    port: 0,
+                    created_ns: ev.boot_ns,
+                    last_ns: ev.boot_ns,
+                    flow: None,
+                    lru: 0,
+                },
+                out,
+            );
         }
         self.touch(id);
         let q = self.qps.get_mut(&id).expect("just inserted");
@@ -283,10 +330,21 @@ impl FlowTable {
         }
     }
 
-    fn connect(&mut self, id: QpId, ev: &QpEvent, r: &dyn GidResolver, f: &dyn QpFilter, out: &mut Vec<FlowChange>) {
+    fn connect(
+        &mut self,
+        id: QpId,
+        ev: &QpEvent,
+        r: &dyn GidResolver,
+        f: &dyn QpFilter,
+        out: &mut Vec<FlowChange>,
+    ) {
         let device = cstr(&ev.dev_name);
         let q = self.qps.get(&id).expect("caller inserted");
-        let port = if ev.attr_mask & QP_ATTR_AV != 0 && ev.port != 0 { ev.port } else { q.port };
+        let port = if ev.attr_mask & QP_ATTR_AV != 0 && ev.port != 0 {
+            ev.port
+        } else {
+            q.port
+        };
         let old = q.flow;
         let new_key = if f.exclude(ev.tgid, &device, ev.qp_num) {
             self.stats.filtered += 1;
@@ -296,7 +354,10 @@ impl FlowTable {
             None
         } else {
             match r.local_gid(&device, port, ev.sgid_index) {
-                Some(g) => Some(FlowKey { local_gid: g, local_qpn: ev.qp_num }),
+                Some(g) => Some(FlowKey {
+                    local_gid: g,
+                    local_qpn: ev.qp_num,
+                }),
                 None => {
                     self.stats.unresolved_local_gid += 1;
                     None
@@ -310,7 +371,10 @@ impl FlowTable {
         }
         self.qps.get_mut(&id).expect("present").flow = new_key;
         let Some(key) = new_key else { return };
-        let first_seen_ns = self.flows.get(&key).map_or(ev.boot_ns, |fl| fl.first_seen_ns);
+        let first_seen_ns = self
+            .flows
+            .get(&key)
+            .map_or(ev.boot_ns, |fl| fl.first_seen_ns);
         let flow = ServiceFlow {
             key,
             device,
@@ -328,7 +392,11 @@ impl FlowTable {
             cgroup_id: ev.cgroup_id,
             first_seen_ns,
             last_seen_ns: ev.boot_ns,
-            source: if ev.source == SOURCE_KPROBE { EventSource::Kprobe } else { EventSource::Uprobe },
+            source: if ev.source == SOURCE_KPROBE {
+                EventSource::Kprobe
+            } else {
+                EventSource::Uprobe
+            },
         };
         match self.flows.get_mut(&key) {
             Some(cur) if cur.same_path(&flow) => cur.last_seen_ns = flow.last_seen_ns,
@@ -385,7 +453,9 @@ impl FlowTable {
 
     fn insert_qp(&mut self, id: QpId, mut st: QpState, out: &mut Vec<FlowChange>) {
         while self.qps.len() >= self.cfg.max_qps {
-            let Some((_, victim)) = self.lru.pop_first() else { break };
+            let Some((_, victim)) = self.lru.pop_first() else {
+                break;
+            };
             self.stats.evictions += 1;
             self.forget_qp(victim, out);
         }
@@ -431,7 +501,11 @@ pub struct ChangeBatch {
 
 impl ChangeLog {
     pub fn new(max_pending: usize) -> Self {
-        ChangeLog { pending: HashMap::new(), max_pending: max_pending.max(1), overflowed: false }
+        ChangeLog {
+            pending: HashMap::new(),
+            max_pending: max_pending.max(1),
+            overflowed: false,
+        }
     }
 
     pub fn record(&mut self, changes: impl IntoIterator<Item = FlowChange>) {
@@ -459,7 +533,10 @@ impl ChangeLog {
         if std::mem::take(&mut self.overflowed) {
             self.pending.clear();
             let changes = table.flows().cloned().map(FlowChange::Upsert).collect();
-            return ChangeBatch { full: true, changes };
+            return ChangeBatch {
+                full: true,
+                changes,
+            };
         }
         let mut changes: Vec<FlowChange> = self
             .pending
@@ -473,6 +550,9 @@ impl ChangeLog {
             FlowChange::Upsert(f) => f.key,
             FlowChange::Remove(k) => *k,
         });
-        ChangeBatch { full: false, changes }
+        ChangeBatch {
+            full: false,
+            changes,
+        }
     }
 }

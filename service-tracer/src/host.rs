@@ -3,7 +3,11 @@
 
 use std::path::{Path, PathBuf};
 
-pub const KPROBE_SYMBOLS: [&str; 3] = ["ib_create_qp_user", "ib_modify_qp_with_udata", "ib_destroy_qp_user"];
+pub const KPROBE_SYMBOLS: [&str; 3] = [
+    "ib_create_qp_user",
+    "ib_modify_qp_with_udata",
+    "ib_destroy_qp_user",
+];
 
 const CAP_SYS_ADMIN: u32 = 21;
 const CAP_PERFMON: u32 = 38;
@@ -22,12 +26,15 @@ pub fn check_caps_status(status: &str) -> Result<(), String> {
     if has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON)) {
         Ok(())
     } else {
-        Err(format!("need CAP_BPF and CAP_PERFMON (or root); effective capabilities are {eff:#x}"))
+        Err(format!(
+            "need CAP_BPF and CAP_PERFMON (or root); effective capabilities are {eff:#x}"
+        ))
     }
 }
 
 pub fn check_privileges() -> Result<(), String> {
-    let s = std::fs::read_to_string("/proc/self/status").map_err(|e| format!("reading /proc/self/status: {e}"))?;
+    let s = std::fs::read_to_string("/proc/self/status")
+        .map_err(|e| format!("reading /proc/self/status: {e}"))?;
     check_caps_status(&s)
 }
 
@@ -46,9 +53,13 @@ pub fn kallsyms_has_all(kallsyms: &str, wanted: &[&str]) -> bool {
 
 /// kprobes attach when the kprobe PMU or a kprobe_events file exists.
 pub fn kprobes_attachable() -> bool {
-    ["/sys/bus/event_source/devices/kprobe/type", "/sys/kernel/tracing/kprobe_events", "/sys/kernel/debug/tracing/kprobe_events"]
-        .iter()
-        .any(|p| Path::new(p).exists())
+    [
+        "/sys/bus/event_source/devices/kprobe/type",
+        "/sys/kernel/tracing/kprobe_events",
+        "/sys/kernel/debug/tracing/kprobe_events",
+    ]
+    .iter()
+    .any(|p| Path::new(p).exists())
 }
 
 pub fn kprobe_symbols_present() -> bool {
@@ -75,15 +86,22 @@ pub fn discover_libibverbs() -> Vec<PathBuf> {
         .map(|o| parse_ldconfig(&String::from_utf8_lossy(&o.stdout)))
         .unwrap_or_default();
     if v.is_empty() {
-        v = ["/usr/lib/x86_64-linux-gnu/libibverbs.so.1", "/lib/x86_64-linux-gnu/libibverbs.so.1", "/usr/lib64/libibverbs.so.1"]
-            .iter()
-            .map(PathBuf::from)
-            .filter(|p| p.exists())
-            .take(1)
-            .collect();
+        v = [
+            "/usr/lib/x86_64-linux-gnu/libibverbs.so.1",
+            "/lib/x86_64-linux-gnu/libibverbs.so.1",
+            "/usr/lib64/libibverbs.so.1",
+        ]
+        .iter()
+        .map(PathBuf::from)
+        .filter(|p| p.exists())
+        .take(1)
+        .collect();
     }
     // Canonical paths: the same file reached through /lib and /usr/lib is one inode.
-    let mut c: Vec<PathBuf> = v.into_iter().map(|p| std::fs::canonicalize(&p).unwrap_or(p)).collect();
+    let mut c: Vec<PathBuf> = v
+        .into_iter()
+        .map(|p| std::fs::canonicalize(&p).unwrap_or(p))
+        .collect();
     c.dedup();
     c
 }
@@ -95,8 +113,14 @@ pub fn discover_libibverbs() -> Vec<PathBuf> {
 pub fn symbol_file_offset(elf: &[u8], symbol: &str) -> Result<Option<u64>, String> {
     use object::{Object, ObjectSection, ObjectSymbol};
     let obj = object::File::parse(elf).map_err(|e| format!("not an ELF file: {e}"))?;
-    let versym = obj.section_by_name(".gnu.version").and_then(|s| s.data().ok());
-    let hidden = |idx: usize| versym.and_then(|v| v.get(2 * idx..2 * idx + 2)).is_some_and(|b| u16::from_le_bytes([b[0], b[1]]) & 0x8000 != 0);
+    let versym = obj
+        .section_by_name(".gnu.version")
+        .and_then(|s| s.data().ok());
+    let hidden = |idx: usize| {
+        versym
+            .and_then(|v| v.get(2 * idx..2 * idx + 2))
+            .is_some_and(|b| u16::from_le_bytes([b[0], b[1]]) & 0x8000 != 0)
+    };
     let mut best = None;
     for (dynamic, syms) in [(true, obj.dynamic_symbols()), (false, obj.symbols())] {
         for s in syms {
@@ -114,9 +138,15 @@ pub fn symbol_file_offset(elf: &[u8], symbol: &str) -> Result<Option<u64>, Strin
         }
     }
     let Some(s) = best else { return Ok(None) };
-    let sec_idx = s.section_index().ok_or_else(|| format!("{symbol} is not in a section"))?;
-    let sec = obj.section_by_index(sec_idx).map_err(|e| format!("{symbol}: {e}"))?;
-    let (off, _) = sec.file_range().ok_or_else(|| format!("{symbol}: section has no file data"))?;
+    let sec_idx = s
+        .section_index()
+        .ok_or_else(|| format!("{symbol} is not in a section"))?;
+    let sec = obj
+        .section_by_index(sec_idx)
+        .map_err(|e| format!("{symbol}: {e}"))?;
+    let (off, _) = sec
+        .file_range()
+        .ok_or_else(|| format!("{symbol}: section has no file data"))?;
     Ok(Some(s.address() - sec.address() + off))
 }
 
@@ -141,7 +171,8 @@ pub fn process_liveness(pid: u32) -> Liveness {
         Ok(s) => {
             // SAFETY: sysconf has no memory-safety preconditions.
             let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-            parse_start_ns(&s, if hz > 0 { hz as u64 } else { 100 }).map_or(Liveness::Unknown, Liveness::Started)
+            parse_start_ns(&s, if hz > 0 { hz as u64 } else { 100 })
+                .map_or(Liveness::Unknown, Liveness::Started)
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Liveness::Gone,
         Err(_) => Liveness::Unknown,
@@ -166,13 +197,19 @@ mod tests {
     fn kallsyms() {
         let t = "ffffffffc0a01000 T ib_create_qp_user\t[ib_core]\nffffffffc0a02000 t ib_modify_qp_with_udata\t[ib_core]\n0 T ib_destroy_qp_user [ib_core]\n";
         assert!(kallsyms_has_all(t, &KPROBE_SYMBOLS));
-        assert!(!kallsyms_has_all("0 T ib_create_qp_user_x\n", &KPROBE_SYMBOLS));
+        assert!(!kallsyms_has_all(
+            "0 T ib_create_qp_user_x\n",
+            &KPROBE_SYMBOLS
+        ));
     }
 
     #[test]
     fn ldconfig() {
         let o = "1234 libs found in cache `/etc/ld.so.cache'\n\tlibibverbs.so.1 (libc6,x86-64) => /lib/x86_64-linux-gnu/libibverbs.so.1\n\tlibibverbs.so (libc6,x86-64) => /lib/x86_64-linux-gnu/libibverbs.so\n";
-        assert_eq!(parse_ldconfig(o), vec![PathBuf::from("/lib/x86_64-linux-gnu/libibverbs.so.1")]);
+        assert_eq!(
+            parse_ldconfig(o),
+            vec![PathBuf::from("/lib/x86_64-linux-gnu/libibverbs.so.1")]
+        );
     }
 
     #[test]
@@ -188,7 +225,10 @@ mod tests {
         let exe = std::fs::read("/proc/self/exe").unwrap();
         let off = symbol_file_offset(&exe, "main").unwrap().expect("main");
         assert!(off > 0 && off < exe.len() as u64);
-        assert_eq!(symbol_file_offset(&exe, "no_such_symbol_here").unwrap(), None);
+        assert_eq!(
+            symbol_file_offset(&exe, "no_such_symbol_here").unwrap(),
+            None
+        );
         assert!(symbol_file_offset(b"not elf", "main").is_err());
     }
 }

@@ -12,8 +12,8 @@ pub mod flows;
 pub mod host;
 
 pub use flows::{
-    ChangeBatch, EventSource, ExcludePid, FlowChange, FlowKey, FlowStats, FlowTable, FlowTableConfig, Gid, GidResolver,
-    QpFilter, ServiceFlow,
+    ChangeBatch, EventSource, ExcludePid, FlowChange, FlowKey, FlowStats, FlowTable,
+    FlowTableConfig, Gid, GidResolver, QpFilter, ServiceFlow,
 };
 
 use aya::maps::{MapData, PerCpuArray, RingBuf};
@@ -48,7 +48,9 @@ impl FromStr for TracingMode {
             "kprobe" => Ok(TracingMode::Kprobe),
             "uprobe" => Ok(TracingMode::Uprobe),
             "off" => Ok(TracingMode::Off),
-            _ => Err(format!("service_tracing_mode {s:?}: want auto, kprobe, uprobe or off")),
+            _ => Err(format!(
+                "service_tracing_mode {s:?}: want auto, kprobe, uprobe or off"
+            )),
         }
     }
 }
@@ -124,13 +126,20 @@ pub fn embedded_object() -> Option<&'static [u8]> {
 
 /// The object bytes: explicit path, else $RPINGMESH_EBPF_OBJECT, else embedded.
 pub fn object_bytes(explicit: Option<&Path>) -> Result<Cow<'static, [u8]>, TracerError> {
-    let path = explicit.map(Path::to_path_buf).or_else(|| std::env::var_os(OBJECT_ENV).map(PathBuf::from));
+    let path = explicit
+        .map(Path::to_path_buf)
+        .or_else(|| std::env::var_os(OBJECT_ENV).map(PathBuf::from));
     if let Some(p) = path {
         return std::fs::read(&p)
             .map(Cow::Owned)
-            .map_err(|e| TracerError::ObjectRead { path: p.display().to_string(), err: e.to_string() });
+            .map_err(|e| TracerError::ObjectRead {
+                path: p.display().to_string(),
+                err: e.to_string(),
+            });
     }
-    embedded_object().map(Cow::Borrowed).ok_or(TracerError::NotBuilt)
+    embedded_object()
+        .map(Cow::Borrowed)
+        .ok_or(TracerError::NotBuilt)
 }
 
 /// (program name, target function, kind) of every program in the object.
@@ -173,12 +182,18 @@ pub fn load_all_programs(object: &[u8]) -> Result<Vec<String>, TracerError> {
     let mut names = Vec::new();
     for (name, _) in KPROBE_PROGRAMS {
         let p: &mut KProbe = prog_mut(&mut ebpf, name)?;
-        p.load().map_err(|e| TracerError::Program { prog: name.into(), err: one_line(&e) })?;
+        p.load().map_err(|e| TracerError::Program {
+            prog: name.into(),
+            err: one_line(&e),
+        })?;
         names.push(name.to_string());
     }
     for (name, _, _) in UPROBE_PROGRAMS {
         let p: &mut UProbe = prog_mut(&mut ebpf, name)?;
-        p.load().map_err(|e| TracerError::Program { prog: name.into(), err: one_line(&e) })?;
+        p.load().map_err(|e| TracerError::Program {
+            prog: name.into(),
+            err: one_line(&e),
+        })?;
         names.push(name.to_string());
     }
     Ok(names)
@@ -188,10 +203,15 @@ fn prog_mut<'a, T>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut T, TracerEr
 where
     &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
 {
-    let p = ebpf
-        .program_mut(name)
-        .ok_or_else(|| TracerError::Program { prog: name.into(), err: "not in the object".into() })?;
-    p.try_into().map_err(|e: aya::programs::ProgramError| TracerError::Program { prog: name.into(), err: one_line(&e) })
+    let p = ebpf.program_mut(name).ok_or_else(|| TracerError::Program {
+        prog: name.into(),
+        err: "not in the object".into(),
+    })?;
+    p.try_into()
+        .map_err(|e: aya::programs::ProgramError| TracerError::Program {
+            prog: name.into(),
+            err: one_line(&e),
+        })
 }
 
 struct Inner {
@@ -236,26 +256,41 @@ impl Drop for ServiceTracer {
 impl ServiceTracer {
     /// Start tracing; never fails, but may return `Started::Off(reason)`.
     /// Must be called from within a tokio runtime.
-    pub fn start(cfg: TracerConfig, resolver: Arc<dyn GidResolver>, filter: Arc<dyn QpFilter>) -> Started {
+    pub fn start(
+        cfg: TracerConfig,
+        resolver: Arc<dyn GidResolver>,
+        filter: Arc<dyn QpFilter>,
+    ) -> Started {
         match Self::try_start(cfg, resolver, filter) {
             Ok(t) => Started::Running(t),
             Err(e) => Started::Off(format!("service tracing off: {e}")),
         }
     }
 
-    pub fn try_start(cfg: TracerConfig, resolver: Arc<dyn GidResolver>, filter: Arc<dyn QpFilter>) -> Result<ServiceTracer, TracerError> {
+    pub fn try_start(
+        cfg: TracerConfig,
+        resolver: Arc<dyn GidResolver>,
+        filter: Arc<dyn QpFilter>,
+    ) -> Result<ServiceTracer, TracerError> {
         if cfg.mode == TracingMode::Off {
-            return Err(TracerError::Unavailable("service_tracing_mode is off".into()));
+            return Err(TracerError::Unavailable(
+                "service_tracing_mode is off".into(),
+            ));
         }
         host::check_privileges().map_err(TracerError::Privileges)?;
         let object = object_bytes(cfg.object_path.as_deref())?;
 
         let kprobe_possible = || -> Result<[u32; KOFF_COUNT], TracerError> {
             if !host::kprobe_symbols_present() {
-                return Err(TracerError::Unavailable(format!("kernel has no {} in /proc/kallsyms", host::KPROBE_SYMBOLS.join("/"))));
+                return Err(TracerError::Unavailable(format!(
+                    "kernel has no {} in /proc/kallsyms",
+                    host::KPROBE_SYMBOLS.join("/")
+                )));
             }
             if !host::kprobes_attachable() {
-                return Err(TracerError::Unavailable("kernel has no kprobe PMU or kprobe_events (CONFIG_KPROBES off?)".into()));
+                return Err(TracerError::Unavailable(
+                    "kernel has no kprobe PMU or kprobe_events (CONFIG_KPROBES off?)".into(),
+                ));
             }
             Ok(btf::resolve_kernel_offsets(&cfg.btf_dir)?)
         };
@@ -269,30 +304,55 @@ impl ServiceTracer {
                 let (e, a) = attach_uprobes(&object, &cfg)?;
                 (e, ActiveMode::Uprobe, a)
             }
-            _ => match kprobe_possible().and_then(|o| attach_kprobes(&object, &o)) {
-                Ok((e, a)) => (e, ActiveMode::Kprobe, a),
-                Err(why) => {
-                    tracing::info!("service tracing: kprobes unavailable ({why}); using libibverbs uprobes");
-                    let (e, a) = attach_uprobes(&object, &cfg)?;
-                    (e, ActiveMode::Uprobe, a)
+            _ => {
+                match kprobe_possible().and_then(|o| attach_kprobes(&object, &o)) {
+                    Ok((e, a)) => (e, ActiveMode::Kprobe, a),
+                    Err(why) => {
+                        tracing::info!("service tracing: kprobes unavailable ({why}); using libibverbs uprobes");
+                        let (e, a) = attach_uprobes(&object, &cfg)?;
+                        (e, ActiveMode::Uprobe, a)
+                    }
                 }
-            },
+            }
         };
 
-        let rb_map = ebpf.take_map("QP_EVENTS").ok_or_else(|| TracerError::Load("map QP_EVENTS missing".into()))?;
+        let rb_map = ebpf
+            .take_map("QP_EVENTS")
+            .ok_or_else(|| TracerError::Load("map QP_EVENTS missing".into()))?;
         let rb = RingBuf::try_from(rb_map).map_err(|e| TracerError::Load(one_line(&e)))?;
-        let st_map = ebpf.take_map("QP_EVENT_STATS").ok_or_else(|| TracerError::Load("map QP_EVENT_STATS missing".into()))?;
-        let counters: PerCpuArray<MapData, u64> = PerCpuArray::try_from(st_map).map_err(|e| TracerError::Load(one_line(&e)))?;
+        let st_map = ebpf
+            .take_map("QP_EVENT_STATS")
+            .ok_or_else(|| TracerError::Load("map QP_EVENT_STATS missing".into()))?;
+        let counters: PerCpuArray<MapData, u64> =
+            PerCpuArray::try_from(st_map).map_err(|e| TracerError::Load(one_line(&e)))?;
         // SAFETY: the ring buffer's fd stays open and unchanged while the AsyncFd owns it.
-        let afd = unsafe { tokio::io::unix::AsyncFd::register_with_interest(rb, tokio::io::Interest::READABLE) }
-            .map_err(|e| TracerError::Load(format!("registering the ring buffer with tokio: {}", e)))?;
+        let afd = unsafe {
+            tokio::io::unix::AsyncFd::register_with_interest(rb, tokio::io::Interest::READABLE)
+        }
+        .map_err(|e| TracerError::Load(format!("registering the ring buffer with tokio: {}", e)))?;
 
         let shared = Arc::new(Shared {
-            inner: Mutex::new(Inner { table: FlowTable::new(cfg.table), log: flows::ChangeLog::new(cfg.max_pending_changes) }),
+            inner: Mutex::new(Inner {
+                table: FlowTable::new(cfg.table),
+                log: flows::ChangeLog::new(cfg.max_pending_changes),
+            }),
             notify: tokio::sync::Notify::new(),
         });
-        let task = tokio::spawn(reader(afd, counters, shared.clone(), resolver, filter, cfg.liveness_interval));
-        Ok(ServiceTracer { shared, task, mode, attachments, _ebpf: ebpf })
+        let task = tokio::spawn(reader(
+            afd,
+            counters,
+            shared.clone(),
+            resolver,
+            filter,
+            cfg.liveness_interval,
+        ));
+        Ok(ServiceTracer {
+            shared,
+            task,
+            mode,
+            attachments,
+            _ebpf: ebpf,
+        })
     }
 
     pub fn mode(&self) -> ActiveMode {
@@ -334,13 +394,22 @@ impl ServiceTracer {
     }
 }
 
-fn attach_kprobes(object: &[u8], offs: &[u32; KOFF_COUNT]) -> Result<(Ebpf, Vec<String>), TracerError> {
+fn attach_kprobes(
+    object: &[u8],
+    offs: &[u32; KOFF_COUNT],
+) -> Result<(Ebpf, Vec<String>), TracerError> {
     let mut ebpf = load_object(object, offs)?;
     let mut att = Vec::new();
     for (name, func) in KPROBE_PROGRAMS {
         let p: &mut KProbe = prog_mut(&mut ebpf, name)?;
-        p.load().map_err(|e| TracerError::Program { prog: name.into(), err: one_line(&e) })?;
-        p.attach(func, 0).map_err(|e| TracerError::Program { prog: name.into(), err: one_line(&e) })?;
+        p.load().map_err(|e| TracerError::Program {
+            prog: name.into(),
+            err: one_line(&e),
+        })?;
+        p.attach(func, 0).map_err(|e| TracerError::Program {
+            prog: name.into(),
+            err: one_line(&e),
+        })?;
         att.push(format!("{name} -> {func}"));
     }
     Ok((ebpf, att))
@@ -352,12 +421,17 @@ fn attach_uprobes(object: &[u8], cfg: &TracerConfig) -> Result<(Ebpf, Vec<String
         targets.extend(host::discover_libibverbs());
     }
     if targets.is_empty() {
-        return Err(TracerError::Unavailable("no libibverbs found (ldconfig -p, /usr/lib*/) and no uprobe target configured".into()));
+        return Err(TracerError::Unavailable(
+            "no libibverbs found (ldconfig -p, /usr/lib*/) and no uprobe target configured".into(),
+        ));
     }
     let mut ebpf = load_object(object, &[0; KOFF_COUNT])?;
     for (name, _, _) in UPROBE_PROGRAMS {
         let p: &mut UProbe = prog_mut(&mut ebpf, name)?;
-        p.load().map_err(|e| TracerError::Program { prog: name.into(), err: one_line(&e) })?;
+        p.load().map_err(|e| TracerError::Program {
+            prog: name.into(),
+            err: one_line(&e),
+        })?;
     }
     let mut att = Vec::new();
     let mut skipped = Vec::new();
@@ -389,12 +463,18 @@ fn attach_uprobes(object: &[u8], cfg: &TracerConfig) -> Result<(Ebpf, Vec<String
             let p: &mut UProbe = prog_mut(&mut ebpf, name)?;
             debug_assert!(matches!(p.kind(), ProbeKind::Entry | ProbeKind::Return));
             p.attach(off, &abs, UProbeScope::AllProcesses)
-                .map_err(|e| TracerError::Program { prog: name.into(), err: format!("attaching to {}:{sym}: {}", abs.display(), one_line(&e)) })?;
+                .map_err(|e| TracerError::Program {
+                    prog: name.into(),
+                    err: format!("attaching to {}:{sym}: {}", abs.display(), one_line(&e)),
+                })?;
             att.push(format!("{name} -> {}:{sym}", abs.display()));
         }
     }
     if att.is_empty() {
-        return Err(TracerError::Unavailable(format!("no uprobe target usable: {}", skipped.join("; "))));
+        return Err(TracerError::Unavailable(format!(
+            "no uprobe target usable: {}",
+            skipped.join("; ")
+        )));
     }
     for s in skipped {
         tracing::warn!("service tracing: skipped uprobe target {s}");

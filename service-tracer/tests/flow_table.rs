@@ -44,7 +44,24 @@ fn to_rtr(ts: u64, tgid: u32, qpn: u32, remote_last: u8, dqpn: u32) -> QpEvent {
     e.attr_mask = QP_ATTR_STATE | QP_ATTR_AV | QP_ATTR_DEST_QPN;
     e.qp_state = QPS_RTR;
     e.flags = FLAG_GRH;
-    e.dgid = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, remote_last];
+    e.dgid = [
+        0xfe,
+        0x80,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        remote_last,
+    ];
     e.dest_qp_num = dqpn;
     e.flow_label = 0xabcde;
     e.sgid_index = 3;
@@ -63,7 +80,13 @@ struct T {
 }
 impl T {
     fn new(max_qps: usize) -> T {
-        T { t: FlowTable::new(FlowTableConfig { max_qps, max_tombstones: 1024 }), out: vec![] }
+        T {
+            t: FlowTable::new(FlowTableConfig {
+                max_qps,
+                max_tombstones: 1024,
+            }),
+            out: vec![],
+        }
     }
     fn feed(&mut self, evs: &[QpEvent]) -> Vec<FlowChange> {
         let (r, f) = (resolver(), no_filter());
@@ -74,19 +97,34 @@ impl T {
     }
 }
 fn key(qpn: u32) -> FlowKey {
-    FlowKey { local_gid: LOCAL, local_qpn: qpn }
+    FlowKey {
+        local_gid: LOCAL,
+        local_qpn: qpn,
+    }
 }
 
 #[test]
 fn lifecycle_create_connect_destroy() {
     let mut t = T::new(100);
-    let ch = t.feed(&[create(10, 500, 0x11), to_init(11, 500, 0x11), to_rtr(12, 500, 0x11, 2, 0x99)]);
+    let ch = t.feed(&[
+        create(10, 500, 0x11),
+        to_init(11, 500, 0x11),
+        to_rtr(12, 500, 0x11, 2, 0x99),
+    ]);
     assert_eq!(ch.len(), 1);
-    let FlowChange::Upsert(f) = &ch[0] else { panic!("{ch:?}") };
+    let FlowChange::Upsert(f) = &ch[0] else {
+        panic!("{ch:?}")
+    };
     assert_eq!(f.key, key(0x11));
     assert_eq!(f.remote_gid[15], 2);
-    assert_eq!((f.remote_qpn, f.flow_label, f.sl, f.traffic_class, f.port), (0x99, 0xabcde, 3, 106, 1));
-    assert_eq!((f.pid, f.comm.as_str(), f.cgroup_id, f.device.as_str()), (500, "train", 77, DEV));
+    assert_eq!(
+        (f.remote_qpn, f.flow_label, f.sl, f.traffic_class, f.port),
+        (0x99, 0xabcde, 3, 106, 1)
+    );
+    assert_eq!(
+        (f.pid, f.comm.as_str(), f.cgroup_id, f.device.as_str()),
+        (500, "train", 77, DEV)
+    );
     assert_eq!((f.first_seen_ns, f.last_seen_ns), (12, 12));
     // RTS: no new report.
     let mut rts = base(KIND_MODIFY, 13, 500, 0x11);
@@ -96,7 +134,10 @@ fn lifecycle_create_connect_destroy() {
     // The same RTR again (idempotent): nothing reported, last seen refreshed.
     assert!(t.feed(&[to_rtr(14, 500, 0x11, 2, 0x99)]).is_empty());
     assert_eq!(t.t.get(&key(0x11)).unwrap().last_seen_ns, 14);
-    assert_eq!(t.feed(&[destroy(20, 500, 0x11)]), vec![FlowChange::Remove(key(0x11))]);
+    assert_eq!(
+        t.feed(&[destroy(20, 500, 0x11)]),
+        vec![FlowChange::Remove(key(0x11))]
+    );
     assert!(t.t.is_empty());
     assert_eq!(t.t.tracked_qps(), 0);
 }
@@ -110,20 +151,29 @@ fn out_of_order_events() {
     assert!(ch.is_empty());
     assert_eq!(t.t.stats().unresolved_local_gid, 1);
     // Late INIT (older timestamp) is stale and ignored; late create only fills in.
-    assert!(t.feed(&[to_init(11, 500, 0x21), create(10, 500, 0x21)]).is_empty());
+    assert!(t
+        .feed(&[to_init(11, 500, 0x21), create(10, 500, 0x21)])
+        .is_empty());
     assert_eq!(t.t.stats().stale, 1);
     // With the port carried by the AV it resolves.
     let mut rtr = to_rtr(13, 500, 0x21, 2, 0x99);
     rtr.port = 1;
     assert_eq!(t.feed(&[rtr]).len(), 1);
     // A destroy followed by a late modify of the destroyed QP: the modify is rejected.
-    assert_eq!(t.feed(&[destroy(30, 500, 0x21)]), vec![FlowChange::Remove(key(0x21))]);
+    assert_eq!(
+        t.feed(&[destroy(30, 500, 0x21)]),
+        vec![FlowChange::Remove(key(0x21))]
+    );
     let mut late = to_rtr(29, 500, 0x21, 2, 0x99);
     late.port = 1;
     assert!(t.feed(&[late]).is_empty());
     assert!(t.t.is_empty());
     // QPN reused later by a new create: accepted again.
-    let ch = t.feed(&[create(40, 501, 0x21), to_init(41, 501, 0x21), to_rtr(42, 501, 0x21, 5, 0x77)]);
+    let ch = t.feed(&[
+        create(40, 501, 0x21),
+        to_init(41, 501, 0x21),
+        to_rtr(42, 501, 0x21, 5, 0x77),
+    ]);
     assert_eq!(ch.len(), 1);
 }
 
@@ -138,8 +188,16 @@ fn destroy_without_create() {
 #[test]
 fn pid_reuse_and_process_exit() {
     let mut t = T::new(100);
-    t.feed(&[create(10, 600, 0x41), to_init(11, 600, 0x41), to_rtr(12, 600, 0x41, 2, 1)]);
-    t.feed(&[create(10, 601, 0x42), to_init(11, 601, 0x42), to_rtr(12, 601, 0x42, 2, 2)]);
+    t.feed(&[
+        create(10, 600, 0x41),
+        to_init(11, 600, 0x41),
+        to_rtr(12, 600, 0x41, 2, 1),
+    ]);
+    t.feed(&[
+        create(10, 601, 0x42),
+        to_init(11, 601, 0x42),
+        to_rtr(12, 601, 0x42, 2, 2),
+    ]);
     assert_eq!(t.t.len(), 2);
     // pid 600 still runs but started after its QP was created: a new process reused the pid.
     let mut out = vec![];
@@ -155,14 +213,23 @@ fn pid_reuse_and_process_exit() {
     // The same QPN taken over by another process (missed destroy): old flow replaced.
     let ch = t.feed(&[to_rtr(12, 700, 0x43, 2, 3), create(50, 701, 0x43)]);
     assert!(ch.is_empty(), "unresolved port, no flow yet: {ch:?}");
-    let ch = t.feed(&[create(10, 800, 0x44), to_init(11, 800, 0x44), to_rtr(12, 800, 0x44, 2, 4), create(60, 801, 0x44)]);
+    let ch = t.feed(&[
+        create(10, 800, 0x44),
+        to_init(11, 800, 0x44),
+        to_rtr(12, 800, 0x44, 2, 4),
+        create(60, 801, 0x44),
+    ]);
     assert_eq!(ch.last(), Some(&FlowChange::Remove(key(0x44))));
 }
 
 #[test]
 fn ring_buffer_drops_are_recorded_and_recovered() {
     let mut t = T::new(100);
-    t.feed(&[create(10, 900, 0x51), to_init(11, 900, 0x51), to_rtr(12, 900, 0x51, 2, 1)]);
+    t.feed(&[
+        create(10, 900, 0x51),
+        to_init(11, 900, 0x51),
+        to_rtr(12, 900, 0x51, 2, 1),
+    ]);
     // The destroy of 0x51 was dropped in the kernel; the kernel counters say so.
     t.t.note_kernel_counters(1, 0);
     assert_eq!(t.t.stats().ringbuf_drops, 1);
@@ -179,17 +246,25 @@ fn ring_buffer_drops_are_recorded_and_recovered() {
 fn unknown_remote_gids_and_non_grh_paths() {
     let mut t = T::new(100);
     // A remote GID nobody registered is still a flow (the controller lists it unmonitored).
-    let ch = t.feed(&[create(1, 1, 0x61), to_init(2, 1, 0x61), to_rtr(3, 1, 0x61, 0xee, 5)]);
+    let ch = t.feed(&[
+        create(1, 1, 0x61),
+        to_init(2, 1, 0x61),
+        to_rtr(3, 1, 0x61, 0xee, 5),
+    ]);
     assert_eq!(ch.len(), 1);
     // No GRH (IB LID routing): nothing to hash on, not a flow.
     let mut rtr = to_rtr(3, 1, 0x62, 2, 5);
     rtr.flags = 0;
-    assert!(t.feed(&[create(1, 1, 0x62), to_init(2, 1, 0x62), rtr]).is_empty());
+    assert!(t
+        .feed(&[create(1, 1, 0x62), to_init(2, 1, 0x62), rtr])
+        .is_empty());
     assert_eq!(t.t.stats().no_grh, 1);
     // Unresolvable sgid index: counted.
     let mut rtr = to_rtr(3, 1, 0x63, 2, 5);
     rtr.sgid_index = 9;
-    assert!(t.feed(&[create(1, 1, 0x63), to_init(2, 1, 0x63), rtr]).is_empty());
+    assert!(t
+        .feed(&[create(1, 1, 0x63), to_init(2, 1, 0x63), rtr])
+        .is_empty());
     assert_eq!(t.t.stats().unresolved_local_gid, 1);
 }
 
@@ -198,7 +273,11 @@ fn own_probe_qps_are_excluded() {
     let mut t = FlowTable::new(FlowTableConfig::default());
     let mut out = vec![];
     let own = ExcludePid(4242);
-    for e in [create(1, 4242, 0x71), to_init(2, 4242, 0x71), to_rtr(3, 4242, 0x71, 2, 1)] {
+    for e in [
+        create(1, 4242, 0x71),
+        to_init(2, 4242, 0x71),
+        to_rtr(3, 4242, 0x71, 2, 1),
+    ] {
         t.apply(&e, &resolver(), &own, &mut out);
     }
     assert!(out.is_empty());
@@ -208,7 +287,11 @@ fn own_probe_qps_are_excluded() {
 #[test]
 fn error_state_removes_flow() {
     let mut t = T::new(100);
-    t.feed(&[create(1, 1, 0x81), to_init(2, 1, 0x81), to_rtr(3, 1, 0x81, 2, 1)]);
+    t.feed(&[
+        create(1, 1, 0x81),
+        to_init(2, 1, 0x81),
+        to_rtr(3, 1, 0x81, 2, 1),
+    ]);
     let mut err = base(KIND_MODIFY, 4, 1, 0x81);
     err.attr_mask = QP_ATTR_STATE;
     err.qp_state = QPS_ERR;
@@ -225,7 +308,11 @@ fn flood_of_100k_qps_stays_bounded() {
     let mut max_seen = 0;
     for i in 0..100_000u32 {
         let ts = 10 * i as u64;
-        for e in [create(ts, 1000 + i % 50, i), to_init(ts + 1, 1000 + i % 50, i), to_rtr(ts + 2, 1000 + i % 50, i, 2, i)] {
+        for e in [
+            create(ts, 1000 + i % 50, i),
+            to_init(ts + 1, 1000 + i % 50, i),
+            to_rtr(ts + 2, 1000 + i % 50, i, 2, i),
+        ] {
             t.t.apply(&e, &r, &f, &mut out);
         }
         log.record(out.drain(..));
@@ -248,9 +335,17 @@ fn flood_of_100k_qps_stays_bounded() {
 fn change_log_coalesces() {
     let mut t = T::new(100);
     let mut log = ChangeLog::new(100);
-    log.record(t.feed(&[create(1, 1, 0x91), to_init(2, 1, 0x91), to_rtr(3, 1, 0x91, 2, 1)]));
+    log.record(t.feed(&[
+        create(1, 1, 0x91),
+        to_init(2, 1, 0x91),
+        to_rtr(3, 1, 0x91, 2, 1),
+    ]));
     log.record(t.feed(&[destroy(4, 1, 0x91)]));
-    log.record(t.feed(&[create(5, 1, 0x92), to_init(6, 1, 0x92), to_rtr(7, 1, 0x92, 2, 1)]));
+    log.record(t.feed(&[
+        create(5, 1, 0x92),
+        to_init(6, 1, 0x92),
+        to_rtr(7, 1, 0x92, 2, 1),
+    ]));
     let b = log.drain(&t.t);
     assert!(!b.full);
     assert_eq!(b.changes.len(), 2);

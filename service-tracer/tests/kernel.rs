@@ -32,9 +32,15 @@ fn object_or_skip(test: &str) -> Option<Vec<u8>> {
 
 #[test]
 fn every_program_passes_the_verifier() {
-    let Some(obj) = object_or_skip("every_program_passes_the_verifier") else { return };
+    let Some(obj) = object_or_skip("every_program_passes_the_verifier") else {
+        return;
+    };
     let names = load_all_programs(&obj).expect("all programs load");
-    let mut want: Vec<&str> = KPROBE_PROGRAMS.iter().map(|p| p.0).chain(UPROBE_PROGRAMS.iter().map(|p| p.0)).collect();
+    let mut want: Vec<&str> = KPROBE_PROGRAMS
+        .iter()
+        .map(|p| p.0)
+        .chain(UPROBE_PROGRAMS.iter().map(|p| p.0))
+        .collect();
     let mut got: Vec<&str> = names.iter().map(String::as_str).collect();
     want.sort();
     got.sort();
@@ -45,7 +51,9 @@ fn every_program_passes_the_verifier() {
 fn kprobe_programs_load_with_resolved_offsets() {
     // The kprobe programs must also verify with non-zero offsets (the path they take
     // when BTF resolved): load with a plausible offset set.
-    let Some(obj) = object_or_skip("kprobe_programs_load_with_resolved_offsets") else { return };
+    let Some(obj) = object_or_skip("kprobe_programs_load_with_resolved_offsets") else {
+        return;
+    };
     let mut offs = [8u32; rpingmesh_agent_common::event::KOFF_COUNT];
     offs[rpingmesh_agent_common::event::KOFF_VALID] = 1;
     let mut ebpf = aya::EbpfLoader::new()
@@ -62,7 +70,10 @@ fn kprobe_programs_load_with_resolved_offsets() {
 fn btf_resolves_known_vmlinux_structs() {
     let p = Path::new("/sys/kernel/btf/vmlinux");
     if !p.exists() {
-        eprintln!("SKIP btf_resolves_known_vmlinux_structs: no {}", p.display());
+        eprintln!(
+            "SKIP btf_resolves_known_vmlinux_structs: no {}",
+            p.display()
+        );
         return;
     }
     let b = btf::Btf::from_file(p, None).expect("vmlinux BTF parses");
@@ -96,20 +107,37 @@ fn malformed_btf_is_a_clear_error_and_tracing_goes_off() {
 
 #[tokio::test]
 async fn mode_off_and_missing_object_are_one_line_reasons() {
-    let cfg = TracerConfig { mode: TracingMode::Off, ..Default::default() };
-    let Started::Off(why) = ServiceTracer::start(cfg, Arc::new(|_: &str, _, _| None), Arc::new(ExcludePid(0))) else {
+    let cfg = TracerConfig {
+        mode: TracingMode::Off,
+        ..Default::default()
+    };
+    let Started::Off(why) =
+        ServiceTracer::start(cfg, Arc::new(|_: &str, _, _| None), Arc::new(ExcludePid(0)))
+    else {
         panic!("mode off must not run")
     };
     assert!(why.contains("off"), "{why}");
     if is_root() {
-        let cfg = TracerConfig { mode: TracingMode::Uprobe, object_path: Some("/nonexistent/x.o".into()), ..Default::default() };
-        let Started::Off(why) = ServiceTracer::start(cfg, Arc::new(|_: &str, _, _| None), Arc::new(ExcludePid(0))) else {
+        let cfg = TracerConfig {
+            mode: TracingMode::Uprobe,
+            object_path: Some("/nonexistent/x.o".into()),
+            ..Default::default()
+        };
+        let Started::Off(why) =
+            ServiceTracer::start(cfg, Arc::new(|_: &str, _, _| None), Arc::new(ExcludePid(0)))
+        else {
             panic!("missing object must not run")
         };
-        assert!(why.contains("/nonexistent/x.o") && !why.contains('\n'), "{why}");
+        assert!(
+            why.contains("/nonexistent/x.o") && !why.contains('\n'),
+            "{why}"
+        );
     }
     assert_eq!("auto".parse(), Ok(TracingMode::Auto));
-    assert!("sometimes".parse::<TracingMode>().unwrap_err().contains("sometimes"));
+    assert!("sometimes"
+        .parse::<TracingMode>()
+        .unwrap_err()
+        .contains("sometimes"));
 }
 
 #[test]
@@ -143,16 +171,39 @@ int main(void) {
     )
     .unwrap();
     let exe = dir.path().join("off");
-    let st = Command::new("cc").arg("-o").arg(&exe).arg(&src).status().unwrap();
+    let st = Command::new("cc")
+        .arg("-o")
+        .arg(&exe)
+        .arg(&src)
+        .status()
+        .unwrap();
     assert!(st.success(), "cc failed");
     let out = String::from_utf8(Command::new(&exe).output().unwrap().stdout).unwrap();
     let got: Vec<usize> = out.split_whitespace().map(|s| s.parse().unwrap()).collect();
     let want = vec![
-        ibv::QP_CONTEXT, ibv::QP_HANDLE, ibv::QP_QP_NUM, ibv::QP_STATE, ibv::QP_QP_TYPE, ibv::QP_SIZE,
-        ibv::CONTEXT_DEVICE, ibv::DEVICE_NAME,
-        ibv::ATTR_QP_STATE, ibv::ATTR_DEST_QP_NUM, ibv::ATTR_AH_ATTR, ibv::ATTR_PORT_NUM, ibv::ATTR_SIZE,
-        ibv::AH_GRH, ibv::AH_SL, ibv::AH_IS_GLOBAL, ibv::AH_PORT_NUM, ibv::AH_SIZE,
-        ibv::GRH_DGID, ibv::GRH_FLOW_LABEL, ibv::GRH_SGID_INDEX, ibv::GRH_HOP_LIMIT, ibv::GRH_TRAFFIC_CLASS,
+        ibv::QP_CONTEXT,
+        ibv::QP_HANDLE,
+        ibv::QP_QP_NUM,
+        ibv::QP_STATE,
+        ibv::QP_QP_TYPE,
+        ibv::QP_SIZE,
+        ibv::CONTEXT_DEVICE,
+        ibv::DEVICE_NAME,
+        ibv::ATTR_QP_STATE,
+        ibv::ATTR_DEST_QP_NUM,
+        ibv::ATTR_AH_ATTR,
+        ibv::ATTR_PORT_NUM,
+        ibv::ATTR_SIZE,
+        ibv::AH_GRH,
+        ibv::AH_SL,
+        ibv::AH_IS_GLOBAL,
+        ibv::AH_PORT_NUM,
+        ibv::AH_SIZE,
+        ibv::GRH_DGID,
+        ibv::GRH_FLOW_LABEL,
+        ibv::GRH_SGID_INDEX,
+        ibv::GRH_HOP_LIMIT,
+        ibv::GRH_TRAFFIC_CLASS,
     ];
     assert_eq!(got, want);
 }
@@ -177,7 +228,11 @@ fn versioned_libibverbs_symbols_resolve_to_the_default_version() {
             .map(|l| u64::from_str_radix(l.split_whitespace().next().unwrap(), 16).unwrap());
         let Some(default) = default else { continue };
         // libibverbs' text segment maps at its file offset, so address == offset.
-        assert_eq!(host::symbol_file_offset(&elf, sym).unwrap(), Some(default), "{sym}");
+        assert_eq!(
+            host::symbol_file_offset(&elf, sym).unwrap(),
+            Some(default),
+            "{sym}"
+        );
     }
 }
 
@@ -195,7 +250,11 @@ fn build_fixture(dir: &Path) -> PathBuf {
         .arg(&src)
         .output()
         .expect("rustc runs");
-    assert!(out.status.success(), "building the fixture: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "building the fixture: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     exe
 }
 
@@ -207,7 +266,12 @@ struct Fixture {
 
 impl Fixture {
     fn spawn(exe: &Path, args: &[&str]) -> Fixture {
-        let mut child = Command::new(exe).args(args).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+        let mut child = Command::new(exe)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
         let stdin = child.stdin.take();
         let out = BufReader::new(child.stdout.take().unwrap());
         Fixture { child, stdin, out }
@@ -233,7 +297,9 @@ impl Drop for Fixture {
 }
 
 async fn next_batch(t: &ServiceTracer) -> ChangeBatch {
-    tokio::time::timeout(Duration::from_secs(10), t.changed()).await.expect("tracer reported within 10 s");
+    tokio::time::timeout(Duration::from_secs(10), t.changed())
+        .await
+        .expect("tracer reported within 10 s");
     t.take_changes()
 }
 
@@ -245,8 +311,14 @@ fn start_on(exe: &Path) -> Option<ServiceTracer> {
         liveness_interval: Duration::from_millis(100),
         ..Default::default()
     };
-    let resolver = |dev: &str, port: u8, idx: u8| (dev == "fake_dev0" && port == 1 && idx == 1).then_some(LOCAL);
-    match ServiceTracer::start(cfg, Arc::new(resolver), Arc::new(ExcludePid(std::process::id()))) {
+    let resolver = |dev: &str, port: u8, idx: u8| {
+        (dev == "fake_dev0" && port == 1 && idx == 1).then_some(LOCAL)
+    };
+    match ServiceTracer::start(
+        cfg,
+        Arc::new(resolver),
+        Arc::new(ExcludePid(std::process::id())),
+    ) {
         Started::Running(t) => Some(t),
         Started::Off(why) => panic!("tracer did not start: {why}"),
     }
@@ -265,7 +337,24 @@ async fn uprobe_end_to_end_on_fixture() {
 
     let mut fx = Fixture::spawn(
         &exe,
-        &["--qpn", "0x345", "--dest-qpn", "0x777", "--dgid", REMOTE_HEX, "--flow-label", "0x5a5a5", "--sl", "4", "--tc", "96", "--sgid-index", "1", "--port", "1"],
+        &[
+            "--qpn",
+            "0x345",
+            "--dest-qpn",
+            "0x777",
+            "--dgid",
+            REMOTE_HEX,
+            "--flow-label",
+            "0x5a5a5",
+            "--sl",
+            "4",
+            "--tc",
+            "96",
+            "--sgid-index",
+            "1",
+            "--port",
+            "1",
+        ],
     );
     let pid = fx.child.id();
     fx.expect("ready");
@@ -274,16 +363,27 @@ async fn uprobe_end_to_end_on_fixture() {
     let b = next_batch(&t).await;
     assert!(!b.full);
     assert_eq!(b.changes.len(), 1, "{:?}", b.changes);
-    let FlowChange::Upsert(f) = &b.changes[0] else { panic!("{:?}", b.changes) };
+    let FlowChange::Upsert(f) = &b.changes[0] else {
+        panic!("{:?}", b.changes)
+    };
     let mut remote = [0u8; 16];
     for (i, r) in remote.iter_mut().enumerate() {
         *r = u8::from_str_radix(&REMOTE_HEX[2 * i..2 * i + 2], 16).unwrap();
     }
-    assert_eq!(f.key, FlowKey { local_gid: LOCAL, local_qpn: 0x345 });
+    assert_eq!(
+        f.key,
+        FlowKey {
+            local_gid: LOCAL,
+            local_qpn: 0x345
+        }
+    );
     assert_eq!(f.remote_gid, remote);
     assert_eq!(f.remote_qpn, 0x777);
     assert_eq!(f.flow_label, 0x5a5a5);
-    assert_eq!((f.sl, f.traffic_class, f.port, f.sgid_index, f.hop_limit), (4, 96, 1, 1, 64));
+    assert_eq!(
+        (f.sl, f.traffic_class, f.port, f.sgid_index, f.hop_limit),
+        (4, 96, 1, 1, 64)
+    );
     assert_eq!(f.qp_type, 2); // IBV_QPT_RC
     assert_eq!(f.pid, pid);
     assert_eq!(f.device, "fake_dev0");
@@ -295,7 +395,13 @@ async fn uprobe_end_to_end_on_fixture() {
     fx.go();
     fx.expect("destroyed");
     let b = next_batch(&t).await;
-    assert_eq!(b.changes, vec![FlowChange::Remove(FlowKey { local_gid: LOCAL, local_qpn: 0x345 })]);
+    assert_eq!(
+        b.changes,
+        vec![FlowChange::Remove(FlowKey {
+            local_gid: LOCAL,
+            local_qpn: 0x345
+        })]
+    );
     assert!(t.snapshot().is_empty());
     let s = t.stats();
     assert_eq!((s.creates, s.modifies, s.destroys), (1, 2, 1), "{s:?}");
@@ -310,7 +416,10 @@ async fn uprobe_flow_removed_when_process_dies() {
     let dir = tempfile::tempdir().unwrap();
     let exe = build_fixture(dir.path());
     let t = start_on(&exe).unwrap();
-    let mut fx = Fixture::spawn(&exe, &["--qpn", "0x500", "--qps", "3", "--dgid", REMOTE_HEX]);
+    let mut fx = Fixture::spawn(
+        &exe,
+        &["--qpn", "0x500", "--qps", "3", "--dgid", REMOTE_HEX],
+    );
     fx.expect("ready");
     fx.go();
     fx.expect("connected");
@@ -347,13 +456,20 @@ async fn uprobes_attach_to_system_libibverbs() {
         eprintln!("SKIP uprobes_attach_to_system_libibverbs: no libibverbs installed");
         return;
     }
-    let cfg = TracerConfig { mode: TracingMode::Auto, ..Default::default() };
+    let cfg = TracerConfig {
+        mode: TracingMode::Auto,
+        ..Default::default()
+    };
     match ServiceTracer::start(cfg, Arc::new(|_: &str, _, _| None), Arc::new(ExcludePid(0))) {
         Started::Running(t) => {
             // No kprobes on this kernel: auto falls back to uprobes on the real library.
             if !host::kprobe_symbols_present() {
                 assert_eq!(t.mode(), ActiveMode::Uprobe);
-                assert!(t.attachments().iter().any(|a| a.contains("libibverbs.so")), "{:?}", t.attachments());
+                assert!(
+                    t.attachments().iter().any(|a| a.contains("libibverbs.so")),
+                    "{:?}",
+                    t.attachments()
+                );
             }
         }
         Started::Off(why) => panic!("{why}"),

@@ -30,13 +30,27 @@ const SAMPLE: Duration = Duration::from_secs(20);
 
 pub fn run(a: BenchArgs) -> Result<()> {
     let mut build = crate::cargo();
-    build.args(["build", "--release", "-p", "rpingmesh-controller", "-p", "rpingmesh-agent", "-p", "rpingmesh-verbs"]);
+    build.args([
+        "build",
+        "--release",
+        "-p",
+        "rpingmesh-controller",
+        "-p",
+        "rpingmesh-agent",
+        "-p",
+        "rpingmesh-verbs",
+    ]);
     crate::run_streamed(build, "cargo build --release (controller, agent, benches)")?;
     let runs = if a.quick { 1 } else { 3 };
     let mut failures = Vec::new();
 
     let mut sections = Vec::new();
-    for bin in ["controller-bench", "agent-bench", "tracer-bench", "verbs-bench"] {
+    for bin in [
+        "controller-bench",
+        "agent-bench",
+        "tracer-bench",
+        "verbs-bench",
+    ] {
         // The benches repeat internally and print medians: one invocation each.
         let args: &[&str] = match (bin, a.quick) {
             ("controller-bench", true) => &["--quick"],
@@ -69,7 +83,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
     println!("{md}");
     eprintln!("xtask bench: wrote {}", path.display());
     if !failures.is_empty() {
-        bail!("{} bench(es) failed: {}", failures.len(), failures.join("; "));
+        bail!(
+            "{} bench(es) failed: {}",
+            failures.len(),
+            failures.join("; ")
+        );
     }
     Ok(())
 }
@@ -91,7 +109,9 @@ fn json_bench(bin: &str, args: &[&str], runs: usize) -> Result<Vec<Line>> {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
-        let mut child = cmd.spawn().with_context(|| format!("starting {}", exe.display()))?;
+        let mut child = cmd
+            .spawn()
+            .with_context(|| format!("starting {}", exe.display()))?;
         let mut lines = Vec::new();
         for l in BufReader::new(child.stdout.take().expect("piped")).lines() {
             let l = l?;
@@ -258,7 +278,9 @@ fn rss_kib(pid: u32) -> Result<u64> {
 fn footprint_run() -> Result<Footprint> {
     let controller_bin = procs::release_bin("rpingmesh-controller")?;
     let agent_bin = procs::release_bin("rpingmesh-agent")?;
-    let tmp = tempfile::Builder::new().prefix("rpingmesh-bench-").tempdir()?;
+    let tmp = tempfile::Builder::new()
+        .prefix("rpingmesh-bench-")
+        .tempdir()?;
     let dir = tmp.path();
     let mut all: Vec<Proc> = Vec::new();
     all.push(Proc::spawn(
@@ -266,8 +288,14 @@ fn footprint_run() -> Result<Footprint> {
         "controller",
         &controller_bin,
         &[
-            "--listen-addr", "127.0.0.1:0", "--database-uri", "sqlite::memory:",
-            "--metrics-enabled", "false", "--log-level", "info",
+            "--listen-addr",
+            "127.0.0.1:0",
+            "--database-uri",
+            "sqlite::memory:",
+            "--metrics-enabled",
+            "false",
+            "--log-level",
+            "info",
         ]
         .map(String::from),
     )?);
@@ -277,9 +305,22 @@ fn footprint_run() -> Result<Footprint> {
         .map(|i| Ipv4Addr::new(127, 0, 2, i as u8).to_string())
         .collect();
     let mut resp_args: Vec<String> = [
-        "--agent-id", "responder", "--tor-id", "t1", "--controller-addr", &caddr,
-        "--udp-port", "18515", "--transport", "udp", "--metrics-enabled", "false",
-        "--log-level", "warn", "--responder-only", "true",
+        "--agent-id",
+        "responder",
+        "--tor-id",
+        "t1",
+        "--controller-addr",
+        &caddr,
+        "--udp-port",
+        "18515",
+        "--transport",
+        "udp",
+        "--metrics-enabled",
+        "false",
+        "--log-level",
+        "warn",
+        "--responder-only",
+        "true",
     ]
     .map(String::from)
     .to_vec();
@@ -293,16 +334,39 @@ fn footprint_run() -> Result<Footprint> {
     let res = (|| -> Result<Footprint> {
         rt.block_on(wait_rnics(addr, TARGETS, Duration::from_secs(30), &mut all))?;
         let measured_args = [
-            "--agent-id", "measured", "--tor-id", "t1", "--controller-addr", &caddr,
-            "--udp-addresses", "127.0.3.1", "--udp-port", "18515", "--transport", "udp",
-            "--tor-mesh-probe-rate-per-second", "10", "--probe-interval-ms", "100",
-            "--analysis-window-sec", "5", "--metrics-enabled", "false", "--log-level", "warn",
+            "--agent-id",
+            "measured",
+            "--tor-id",
+            "t1",
+            "--controller-addr",
+            &caddr,
+            "--udp-addresses",
+            "127.0.3.1",
+            "--udp-port",
+            "18515",
+            "--transport",
+            "udp",
+            "--tor-mesh-probe-rate-per-second",
+            "10",
+            "--probe-interval-ms",
+            "100",
+            "--analysis-window-sec",
+            "5",
+            "--metrics-enabled",
+            "false",
+            "--log-level",
+            "warn",
         ]
         .map(String::from);
         all.push(Proc::spawn(dir, "measured", &agent_bin, &measured_args)?);
         let pid = all[2].pid();
         // Warm-up: until the measured agent reports successful paths to every target.
-        rt.block_on(wait_targets(addr, TARGETS, Duration::from_secs(45), &mut all))?;
+        rt.block_on(wait_targets(
+            addr,
+            TARGETS,
+            Duration::from_secs(45),
+            &mut all,
+        ))?;
         std::thread::sleep(Duration::from_secs(2));
 
         let mut sleeper = Command::new("sleep")
@@ -331,7 +395,11 @@ fn footprint_run() -> Result<Footprint> {
         let (rate, targets) = rt.block_on(probe_rate(addr, start_unix))?;
         for p in all.iter_mut() {
             if let Some(st) = p.exit_status() {
-                bail!("{} exited ({st}) during the bench:\n{}", p.name, p.log_tail(20));
+                bail!(
+                    "{} exited ({st}) during the bench:\n{}",
+                    p.name,
+                    p.log_tail(20)
+                );
             }
         }
         let f = Footprint {
@@ -386,7 +454,12 @@ async fn wait_rnics(addr: SocketAddr, n: usize, timeout: Duration, all: &mut [Pr
 
 const MEASURED_GID: &str = "0000:0000:0000:0000:0000:ffff:7f00:0301"; // 127.0.3.1
 
-async fn wait_targets(addr: SocketAddr, n: usize, timeout: Duration, all: &mut [Proc]) -> Result<()> {
+async fn wait_targets(
+    addr: SocketAddr,
+    n: usize,
+    timeout: Duration,
+    all: &mut [Proc],
+) -> Result<()> {
     let mut op = procs::operator(addr).await?;
     let deadline = Instant::now() + timeout;
     loop {
@@ -455,7 +528,9 @@ fn median_f(mut v: Vec<f64>) -> f64 {
 // BENCHMARKS.md
 
 fn machine() -> String {
-    let nproc = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let nproc = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
         .map(|s| s.trim().to_string())
         .unwrap_or_else(|_| "unknown".into());
@@ -496,7 +571,11 @@ fn render_markdown(
         if quick { " --quick" } else { "" },
         today(),
         machine(),
-        if quick { " (quick mode: a smoke test, not a measurement)" } else { "" }
+        if quick {
+            " (quick mode: a smoke test, not a measurement)"
+        } else {
+            ""
+        }
     );
 
     s += &summary_table(sections, footprint);
@@ -531,15 +610,20 @@ fn render_markdown(
                 "| probes/s achieved (all targets) | {rate:.0} | {want_rate:.0} | {:.2} |",
                 rate / want_rate
             );
-            let _ = writeln!(s, "| targets probed (min over runs) | {targets} | {TARGETS} | |");
             let _ = writeln!(
                 s,
-                "| baseline: RSS of `sleep` | {sleep:.1} MiB | | |\n"
+                "| targets probed (min over runs) | {targets} | {TARGETS} | |"
             );
+            let _ = writeln!(s, "| baseline: RSS of `sleep` | {sleep:.1} MiB | | |\n");
             s += "Per run: ";
             let per: Vec<String> = runs
                 .iter()
-                .map(|r| format!("CPU {:.3}% / RSS {:.1} MiB / {:.0} probes/s", r.cpu_pct, r.rss_mib, r.probes_per_sec))
+                .map(|r| {
+                    format!(
+                        "CPU {:.3}% / RSS {:.1} MiB / {:.0} probes/s",
+                        r.cpu_pct, r.rss_mib, r.probes_per_sec
+                    )
+                })
                 .collect();
             s += &per.join("; ");
             s += ".\n\n";
@@ -589,26 +673,49 @@ pub fn target_checks(lines: &[Line]) -> Vec<Check> {
             "get_pinglist" => {
                 if let (Some(n), Some(p99)) = (num(l, "rnics"), num(l, "p99_ns")) {
                     if n >= 100_000.0 {
-                        let what = format!("GetPinglist p99, {n:.0} RNICs, {}", text(l, "pinglist_type"));
-                        out.push((what, format!("{:.3} ms", p99 / 1e6), "< 2 ms".into(), p99 / 2e6, p99 < 2e6));
+                        let what = format!(
+                            "GetPinglist p99, {n:.0} RNICs, {}",
+                            text(l, "pinglist_type")
+                        );
+                        out.push((
+                            what,
+                            format!("{:.3} ms", p99 / 1e6),
+                            "< 2 ms".into(),
+                            p99 / 2e6,
+                            p99 < 2e6,
+                        ));
                     }
                 }
             }
             "tracer_pipeline" => {
                 if let (Some(r), Some(t)) = (num(l, "median"), num(l, "target")) {
-                    out.push(("QP events through the tracer pipeline, one core".into(), format!("{r:.0}/s"), format!("> {t:.0}/s"), r / t, r > t));
+                    out.push((
+                        "QP events through the tracer pipeline, one core".into(),
+                        format!("{r:.0}/s"),
+                        format!("> {t:.0}/s"),
+                        r / t,
+                        r > t,
+                    ));
                 }
             }
             "analyzer_ingest" => {
                 if let Some(r) = num(l, "per_sec") {
-                    out.push(("PathSummary ingest, one core".into(), format!("{r:.0}/s"), ">= 200000/s".into(), r / 2e5, r >= 2e5));
+                    out.push((
+                        "PathSummary ingest, one core".into(),
+                        format!("{r:.0}/s"),
+                        ">= 200000/s".into(),
+                        r / 2e5,
+                        r >= 2e5,
+                    ));
                 }
             }
             _ => {
                 // Lines that state their own target and ratio (ratio >= target wanted).
                 if let (Some(r), Some(t)) = (num(l, "ratio"), num(l, "target")) {
                     let what = match bench.as_str() {
-                        "agent_vs_baseline" => "agent probe round trips / timestamped UDP ping-pong".to_string(),
+                        "agent_vs_baseline" => {
+                            "agent probe round trips / timestamped UDP ping-pong".to_string()
+                        }
                         _ => bench.clone(),
                     };
                     out.push((what, format!("{r:.3}"), format!(">= {t}"), r / t, r >= t));
@@ -628,8 +735,20 @@ fn summary_table(
         if !runs.is_empty() {
             let cpu = median_f(runs.iter().map(|r| r.cpu_pct).collect());
             let rss = median_f(runs.iter().map(|r| r.rss_mib).collect());
-            rows.push(("agent CPU, 64 targets x 10/s".into(), format!("{cpu:.3}% of a core"), format!("< {CPU_TARGET_PCT}%"), cpu / CPU_TARGET_PCT, cpu < CPU_TARGET_PCT));
-            rows.push(("agent RSS, 64 targets x 10/s".into(), format!("{rss:.1} MiB"), format!("< {RSS_TARGET_MIB} MiB"), rss / RSS_TARGET_MIB, rss < RSS_TARGET_MIB));
+            rows.push((
+                "agent CPU, 64 targets x 10/s".into(),
+                format!("{cpu:.3}% of a core"),
+                format!("< {CPU_TARGET_PCT}%"),
+                cpu / CPU_TARGET_PCT,
+                cpu < CPU_TARGET_PCT,
+            ));
+            rows.push((
+                "agent RSS, 64 targets x 10/s".into(),
+                format!("{rss:.1} MiB"),
+                format!("< {RSS_TARGET_MIB} MiB"),
+                rss / RSS_TARGET_MIB,
+                rss < RSS_TARGET_MIB,
+            ));
         }
     }
     for (_, res) in sections {
@@ -653,7 +772,11 @@ pub fn grouped_tables(lines: &[Line]) -> String {
     let mut order: Vec<String> = Vec::new();
     let mut groups: BTreeMap<String, Vec<Line>> = BTreeMap::new();
     for l in lines {
-        let b = l.get("bench").and_then(|v| v.as_str()).unwrap_or("").to_string();
+        let b = l
+            .get("bench")
+            .and_then(|v| v.as_str())
+            .unwrap_or("")
+            .to_string();
         if !groups.contains_key(&b) {
             order.push(b.clone());
         }
@@ -701,7 +824,10 @@ mod tests {
         assert!(!c[1].4 && (c[1].3 - 0.5).abs() < 1e-9);
         assert!(c[2].4);
         let t = grouped_tables(&lines);
-        assert!(t.contains("### get_pinglist") && t.contains("### analyzer_ingest"), "{t}");
+        assert!(
+            t.contains("### get_pinglist") && t.contains("### analyzer_ingest"),
+            "{t}"
+        );
     }
 
     #[test]

@@ -21,21 +21,46 @@ pub fn build_ebpf(root: &Path) -> Result<PathBuf> {
 
     let crate_dir = root.join("agent-ebpf");
     if !crate_dir.join("Cargo.toml").is_file() {
-        bail!("{} not found (is {} the repository root?)", crate_dir.display(), root.display());
+        bail!(
+            "{} not found (is {} the repository root?)",
+            crate_dir.display(),
+            root.display()
+        );
     }
     let target_dir = root.join("target");
     let path = prepend_path(linker.parent().expect("linker has a parent dir"));
-    eprintln!("build-ebpf: cargo +nightly build --release ({})", crate_dir.display());
+    eprintln!(
+        "build-ebpf: cargo +nightly build --release ({})",
+        crate_dir.display()
+    );
     let started = std::time::Instant::now();
     let mut cmd = Command::new(&cargo);
     cmd.current_dir(&crate_dir)
-        .args(["+nightly", "build", "--release", "--target", EBPF_TARGET, "-Z", "build-std=core"])
+        .args([
+            "+nightly",
+            "build",
+            "--release",
+            "--target",
+            EBPF_TARGET,
+            "-Z",
+            "build-std=core",
+        ])
         .env("PATH", path)
         .env("CARGO_TARGET_DIR", &target_dir)
         // BTF in the object lets aya relocate and the kernel check the programs.
-        .env("CARGO_ENCODED_RUSTFLAGS", "-C\x1fdebuginfo=2\x1f-C\x1flink-arg=--btf");
+        .env(
+            "CARGO_ENCODED_RUSTFLAGS",
+            "-C\x1fdebuginfo=2\x1f-C\x1flink-arg=--btf",
+        );
     // The parent cargo (stable) leaks its toolchain choice into children; drop it.
-    for var in ["RUSTUP_TOOLCHAIN", "RUSTC", "RUSTC_WRAPPER", "RUSTC_WORKSPACE_WRAPPER", "RUSTFLAGS", "CARGO_BUILD_TARGET"] {
+    for var in [
+        "RUSTUP_TOOLCHAIN",
+        "RUSTC",
+        "RUSTC_WRAPPER",
+        "RUSTC_WORKSPACE_WRAPPER",
+        "RUSTFLAGS",
+        "CARGO_BUILD_TARGET",
+    ] {
         cmd.env_remove(var);
     }
     run(&mut cmd, "cargo +nightly build (agent-ebpf)")?;
@@ -43,7 +68,11 @@ pub fn build_ebpf(root: &Path) -> Result<PathBuf> {
     if !obj.is_file() {
         bail!("eBPF build finished but {} is missing", obj.display());
     }
-    eprintln!("build-ebpf: {} ({:.1}s)", obj.display(), started.elapsed().as_secs_f64());
+    eprintln!(
+        "build-ebpf: {} ({:.1}s)",
+        obj.display(),
+        started.elapsed().as_secs_f64()
+    );
     Ok(obj)
 }
 
@@ -66,7 +95,11 @@ fn rustc_nightly(args: &[&str]) -> Result<String> {
         .output()
         .context("running rustc +nightly (is rustup installed?)")?;
     if !out.status.success() {
-        bail!("rustc +nightly {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
+        bail!(
+            "rustc +nightly {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
     }
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
@@ -77,14 +110,25 @@ fn ensure_nightly() -> Result<()> {
     }
     eprintln!("build-ebpf: installing the nightly toolchain (rustup toolchain install nightly)");
     run(
-        Command::new("rustup").args(["toolchain", "install", "nightly", "--profile", "minimal", "--component", "rust-src"]),
+        Command::new("rustup").args([
+            "toolchain",
+            "install",
+            "nightly",
+            "--profile",
+            "minimal",
+            "--component",
+            "rust-src",
+        ]),
         "rustup toolchain install nightly",
     )
 }
 
 fn ensure_rust_src() -> Result<()> {
     let sysroot = PathBuf::from(rustc_nightly(&["--print", "sysroot"])?);
-    if sysroot.join("lib/rustlib/src/rust/library/core/Cargo.toml").is_file() {
+    if sysroot
+        .join("lib/rustlib/src/rust/library/core/Cargo.toml")
+        .is_file()
+    {
         return Ok(());
     }
     eprintln!("build-ebpf: installing rust-src for nightly (needed by -Z build-std=core)");
@@ -99,11 +143,18 @@ fn ensure_rust_src() -> Result<()> {
 fn ensure_bpf_linker(tools: &Path, cargo: &Path) -> Result<PathBuf> {
     let bin = tools.join("bin").join("bpf-linker");
     if bin.is_file() {
-        let ok = Command::new(&bin).arg("--version").output().map(|o| o.status.success()).unwrap_or(false);
+        let ok = Command::new(&bin)
+            .arg("--version")
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false);
         if ok {
             return Ok(bin);
         }
-        eprintln!("build-ebpf: {} no longer runs (nightly changed?); rebuilding it", bin.display());
+        eprintln!(
+            "build-ebpf: {} no longer runs (nightly changed?); rebuilding it",
+            bin.display()
+        );
     }
     let sysroot = PathBuf::from(rustc_nightly(&["--print", "sysroot"])?);
     let vv = rustc_nightly(&["-vV"])?;
@@ -120,7 +171,12 @@ fn ensure_bpf_linker(tools: &Path, cargo: &Path) -> Result<PathBuf> {
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .filter(|n| n.starts_with("libLLVM.so."))
         .min()
-        .with_context(|| format!("no libLLVM.so.* in {} (nightly without LLVM dylib?)", libdir.display()))?;
+        .with_context(|| {
+            format!(
+                "no libLLVM.so.* in {} (nightly without LLVM dylib?)",
+                libdir.display()
+            )
+        })?;
     // bpf-linker's build wants an LLVM prefix with lib/libLLVM.so: point it at nightly's.
     let prefix = tools.join("llvm");
     let plib = prefix.join("lib");
@@ -137,16 +193,32 @@ fn ensure_bpf_linker(tools: &Path, cargo: &Path) -> Result<PathBuf> {
     );
     let started = std::time::Instant::now();
     let mut cmd = Command::new(cargo);
-    cmd.args(["install", &format!("bpf-linker@{BPF_LINKER_VERSION}"), "--locked", "--no-default-features"])
-        .args(["--features", &format!("llvm-{major}"), "--root"])
-        .arg(tools)
-        .env("LLVM_PREFIX", &prefix)
-        .current_dir(tools);
-    for var in ["RUSTUP_TOOLCHAIN", "RUSTC", "RUSTC_WRAPPER", "RUSTC_WORKSPACE_WRAPPER", "RUSTFLAGS", "CARGO_TARGET_DIR", "CARGO_BUILD_TARGET"] {
+    cmd.args([
+        "install",
+        &format!("bpf-linker@{BPF_LINKER_VERSION}"),
+        "--locked",
+        "--no-default-features",
+    ])
+    .args(["--features", &format!("llvm-{major}"), "--root"])
+    .arg(tools)
+    .env("LLVM_PREFIX", &prefix)
+    .current_dir(tools);
+    for var in [
+        "RUSTUP_TOOLCHAIN",
+        "RUSTC",
+        "RUSTC_WRAPPER",
+        "RUSTC_WORKSPACE_WRAPPER",
+        "RUSTFLAGS",
+        "CARGO_TARGET_DIR",
+        "CARGO_BUILD_TARGET",
+    ] {
         cmd.env_remove(var);
     }
     run(&mut cmd, "cargo install bpf-linker")?;
-    eprintln!("build-ebpf: bpf-linker built in {:.0}s", started.elapsed().as_secs_f64());
+    eprintln!(
+        "build-ebpf: bpf-linker built in {:.0}s",
+        started.elapsed().as_secs_f64()
+    );
     Ok(bin)
 }
 

@@ -93,12 +93,32 @@ pub fn run(a: DemoArgs) -> Result<()> {
         let tor = format!("tor-{}", tor_of(i, n, t));
         let id = format!("agent-{}", i + 1);
         let args = [
-            "--agent-id", &id, "--tor-id", &tor, "--controller-addr", &listen,
-            "--udp-addresses", &ip.to_string(), "--udp-port", "18515", "--transport", "udp",
-            "--analysis-window-sec", "5", "--probe-interval-ms", "100",
-            "--tor-mesh-probe-rate-per-second", "10", "--inter-tor-probe-rate-per-second", "5",
-            "--pinglist-update-interval-sec", "10", "--metrics-enabled", "false",
-            "--log-level", "info",
+            "--agent-id",
+            &id,
+            "--tor-id",
+            &tor,
+            "--controller-addr",
+            &listen,
+            "--udp-addresses",
+            &ip.to_string(),
+            "--udp-port",
+            "18515",
+            "--transport",
+            "udp",
+            "--analysis-window-sec",
+            "5",
+            "--probe-interval-ms",
+            "100",
+            "--tor-mesh-probe-rate-per-second",
+            "10",
+            "--inter-tor-probe-rate-per-second",
+            "5",
+            "--pinglist-update-interval-sec",
+            "10",
+            "--metrics-enabled",
+            "false",
+            "--log-level",
+            "info",
         ]
         .map(String::from);
         all.push(Proc::spawn(&dir, &id, &agent_bin, &args)?);
@@ -150,7 +170,12 @@ async fn show(
         match op.list_tor_pairs(ListTorPairsRequest {}).await {
             Ok(r) => print!(
                 "{}",
-                render(start.elapsed(), all.len() - 1 - dead.len(), all.len() - 1, &r.into_inner().pairs)
+                render(
+                    start.elapsed(),
+                    all.len() - 1 - dead.len(),
+                    all.len() - 1,
+                    &r.into_inner().pairs
+                )
             ),
             Err(e) => eprintln!("xtask demo: ListTorPairs failed: {}", e.message()),
         }
@@ -172,14 +197,23 @@ pub fn render(elapsed: Duration, up: usize, total: usize, pairs: &[TorPairStats]
     );
     s += &format!(
         "{:<10} {:<10} {:>5} {:>8} {:>7} {:>12} {:>12} {:>15} {:>18}\n",
-        "SRC TOR", "DST TOR", "PATHS", "PROBES", "LOSS %", "RTT p50 us", "RTT p99 us",
-        "PROBER p50 us", "RESPONDER p50 us"
+        "SRC TOR",
+        "DST TOR",
+        "PATHS",
+        "PROBES",
+        "LOSS %",
+        "RTT p50 us",
+        "RTT p99 us",
+        "PROBER p50 us",
+        "RESPONDER p50 us"
     );
     if pairs.is_empty() {
         s += "(no path summaries yet: the first analysis window is 5 s)\n";
     }
     let mut sorted: Vec<&TorPairStats> = pairs.iter().collect();
-    sorted.sort_by(|a, b| (&a.source_tor_id, &a.target_tor_id).cmp(&(&b.source_tor_id, &b.target_tor_id)));
+    sorted.sort_by(|a, b| {
+        (&a.source_tor_id, &a.target_tor_id).cmp(&(&b.source_tor_id, &b.target_tor_id))
+    });
     for p in sorted {
         let loss = if p.probe_total > 0 {
             100.0 * p.probe_failed as f64 / p.probe_total as f64
@@ -233,7 +267,10 @@ mod tests {
         let t = render(Duration::from_secs(10), 8, 8, &[p]);
         let row = t.lines().find(|l| l.starts_with("tor-1")).unwrap();
         let cols: Vec<&str> = row.split_whitespace().collect();
-        assert_eq!(cols, ["tor-1", "tor-2", "16", "1000", "1.00", "1.5", "12.0", "40.0", "8.3"]);
+        assert_eq!(
+            cols,
+            ["tor-1", "tor-2", "16", "1000", "1.00", "1.5", "12.0", "40.0", "8.3"]
+        );
         assert!(render(Duration::ZERO, 0, 8, &[]).contains("no path summaries yet"));
     }
 }

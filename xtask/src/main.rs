@@ -107,15 +107,60 @@ struct Need {
 }
 
 const NEEDED: &[Need] = &[
-    Need { what: "ip", present: || have_tool("ip"), package: "iproute2", why: "network namespaces, veth and bridges for the e2e mesh test" },
-    Need { what: "nft", present: || have_tool("nft"), package: "nftables", why: "packet-loss injection in the e2e mesh test" },
-    Need { what: "ps", present: || have_tool("ps"), package: "procps", why: "process inspection for demo and bench" },
-    Need { what: "pkg-config", present: || have_tool("pkg-config"), package: "pkg-config", why: "locating libibverbs for the rdma backend (rdma-sys)" },
-    Need { what: "infiniband/verbs.h", present: || Path::new("/usr/include/infiniband/verbs.h").is_file(), package: "libibverbs-dev", why: "the rdma backend's verbs bindings and the eBPF uprobe ABI checks" },
-    Need { what: "rdma/rdma_cma.h", present: || Path::new("/usr/include/rdma/rdma_cma.h").is_file(), package: "librdmacm-dev", why: "rdma-sys binds rdma_cma.h too" },
-    Need { what: "libclang", present: have_libclang, package: "libclang-dev", why: "bindgen, which generates the verbs bindings" },
-    Need { what: "clang", present: || have_tool("clang"), package: "clang", why: "bindgen's C headers (stddef.h) for the verbs bindings" },
-    Need { what: "cc", present: || have_tool("cc"), package: "gcc", why: "C checks of the libibverbs struct layouts" },
+    Need {
+        what: "ip",
+        present: || have_tool("ip"),
+        package: "iproute2",
+        why: "network namespaces, veth and bridges for the e2e mesh test",
+    },
+    Need {
+        what: "nft",
+        present: || have_tool("nft"),
+        package: "nftables",
+        why: "packet-loss injection in the e2e mesh test",
+    },
+    Need {
+        what: "ps",
+        present: || have_tool("ps"),
+        package: "procps",
+        why: "process inspection for demo and bench",
+    },
+    Need {
+        what: "pkg-config",
+        present: || have_tool("pkg-config"),
+        package: "pkg-config",
+        why: "locating libibverbs for the rdma backend (rdma-sys)",
+    },
+    Need {
+        what: "infiniband/verbs.h",
+        present: || Path::new("/usr/include/infiniband/verbs.h").is_file(),
+        package: "libibverbs-dev",
+        why: "the rdma backend's verbs bindings and the eBPF uprobe ABI checks",
+    },
+    Need {
+        what: "rdma/rdma_cma.h",
+        present: || Path::new("/usr/include/rdma/rdma_cma.h").is_file(),
+        package: "librdmacm-dev",
+        why: "rdma-sys binds rdma_cma.h too",
+    },
+    Need {
+        what: "libclang",
+        present: have_libclang,
+        package: "libclang-dev",
+        why: "bindgen, which generates the verbs bindings",
+    },
+    Need {
+        what: "clang",
+        present: || have_tool("clang"),
+        package: "clang",
+        why: "bindgen's C headers (stddef.h) for the verbs bindings",
+    },
+    Need {
+        what: "cc",
+        present: || have_tool("cc"),
+        package: "gcc",
+        why: "C checks of the libibverbs struct layouts",
+    },
 ];
 
 fn have_tool(tool: &str) -> bool {
@@ -126,11 +171,17 @@ fn have_tool(tool: &str) -> bool {
 }
 
 fn have_libclang() -> bool {
-    ["/usr/lib/x86_64-linux-gnu", "/usr/lib/llvm-14/lib", "/usr/lib/llvm-15/lib", "/usr/lib/llvm-16/lib", "/usr/lib"]
-        .iter()
-        .filter_map(|d| std::fs::read_dir(d).ok())
-        .flat_map(|rd| rd.filter_map(|e| e.ok()))
-        .any(|e| e.file_name().to_string_lossy().starts_with("libclang"))
+    [
+        "/usr/lib/x86_64-linux-gnu",
+        "/usr/lib/llvm-14/lib",
+        "/usr/lib/llvm-15/lib",
+        "/usr/lib/llvm-16/lib",
+        "/usr/lib",
+    ]
+    .iter()
+    .filter_map(|d| std::fs::read_dir(d).ok())
+    .flat_map(|rd| rd.filter_map(|e| e.ok()))
+    .any(|e| e.file_name().to_string_lossy().starts_with("libclang"))
 }
 
 /// Installs what is missing (root) or says how to (not root).
@@ -139,14 +190,21 @@ pub fn deps() -> Result<()> {
     if missing.is_empty() {
         eprintln!(
             "xtask deps: all system packages present ({})",
-            NEEDED.iter().map(|n| n.package).collect::<Vec<_>>().join(", ")
+            NEEDED
+                .iter()
+                .map(|n| n.package)
+                .collect::<Vec<_>>()
+                .join(", ")
         );
         return Ok(());
     }
     let mut pkgs: Vec<&str> = missing.iter().map(|n| n.package).collect();
     pkgs.dedup();
     for n in &missing {
-        eprintln!("xtask deps: `{}` is missing: installing package {} ({})", n.what, n.package, n.why);
+        eprintln!(
+            "xtask deps: `{}` is missing: installing package {} ({})",
+            n.what, n.package, n.why
+        );
     }
     if !is_root() {
         eprintln!(
@@ -163,7 +221,9 @@ pub fn deps() -> Result<()> {
         );
     }
     let mut update = Command::new("apt-get");
-    update.arg("update").env("DEBIAN_FRONTEND", "noninteractive");
+    update
+        .arg("update")
+        .env("DEBIAN_FRONTEND", "noninteractive");
     run_streamed(update, "apt-get update")?;
     let mut install = Command::new("apt-get");
     install
@@ -188,10 +248,25 @@ fn test() -> Result<()> {
     // Before the workspace build: service-tracer embeds the object it finds at build time.
     build_ebpf::build_ebpf(&root())?;
     let mut build = cargo();
-    build.args(["build", "--workspace", "--all-targets", "--features", TEST_FEATURES]);
-    run_streamed(build, &format!("cargo build --workspace --all-targets --features {TEST_FEATURES}"))?;
+    build.args([
+        "build",
+        "--workspace",
+        "--all-targets",
+        "--features",
+        TEST_FEATURES,
+    ]);
+    run_streamed(
+        build,
+        &format!("cargo build --workspace --all-targets --features {TEST_FEATURES}"),
+    )?;
     let mut t = cargo();
-    t.args(["test", "--workspace", "--no-fail-fast", "--features", TEST_FEATURES]);
+    t.args([
+        "test",
+        "--workspace",
+        "--no-fail-fast",
+        "--features",
+        TEST_FEATURES,
+    ]);
     // e2e tests find the binaries next to their own executable (target/debug).
     let what = format!("cargo test --workspace --features {TEST_FEATURES}");
     eprintln!("xtask: {what}");
@@ -212,7 +287,10 @@ fn test() -> Result<()> {
         );
     }
     // One closing line over every test binary of the workspace.
-    println!("summary: {} passed, {} failed, {} skipped", totals.passed, totals.failed, totals.ignored);
+    println!(
+        "summary: {} passed, {} failed, {} skipped",
+        totals.passed, totals.failed, totals.ignored
+    );
     if !st.success() {
         bail!("{what} failed ({st})");
     }
@@ -229,10 +307,14 @@ struct TestTotals {
 
 impl TestTotals {
     fn add_line(&mut self, line: &str) {
-        let Some(rest) = line.trim().strip_prefix("test result: ") else { return };
+        let Some(rest) = line.trim().strip_prefix("test result: ") else {
+            return;
+        };
         for part in rest.split(';') {
             let mut words = part.split_whitespace().rev();
-            let (Some(label), Some(n)) = (words.next(), words.next()) else { continue };
+            let (Some(label), Some(n)) = (words.next(), words.next()) else {
+                continue;
+            };
             let Ok(n) = n.parse::<u64>() else { continue };
             match label {
                 "passed" => self.passed += n,
@@ -247,7 +329,16 @@ impl TestTotals {
 fn hw_check() -> Result<()> {
     deps()?;
     let mut c = cargo();
-    c.args(["run", "--quiet", "-p", "rpingmesh-verbs", "--features", "rdma", "--bin", "rpingmesh-hw-check"]);
+    c.args([
+        "run",
+        "--quiet",
+        "-p",
+        "rpingmesh-verbs",
+        "--features",
+        "rdma",
+        "--bin",
+        "rpingmesh-hw-check",
+    ]);
     run_streamed(c, "rpingmesh-hw-check")
 }
 
@@ -262,6 +353,13 @@ mod totals_tests {
         t.add_line("test result: FAILED. 3 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out; finished in 1s");
         t.add_line("running 3 tests");
         t.add_line("test foo ... ok");
-        assert_eq!(t, TestTotals { passed: 47, failed: 1, ignored: 2 });
+        assert_eq!(
+            t,
+            TestTotals {
+                passed: 47,
+                failed: 1,
+                ignored: 2
+            }
+        );
     }
 }

@@ -122,7 +122,11 @@ pub fn wait_listening(p: &mut Proc, timeout: Duration) -> Result<SocketAddr> {
             }
         }
         if let Some(st) = p.exit_status() {
-            bail!("{} exited ({st}) before listening:\n{}", p.name, p.log_tail(20));
+            bail!(
+                "{} exited ({st}) before listening:\n{}",
+                p.name,
+                p.log_tail(20)
+            );
         }
         if Instant::now() >= deadline {
             bail!(

@@ -75,7 +75,24 @@ fn generate() -> Vec<u8> {
                 e.port = 1;
                 e.sgid_index = 3;
                 e.dest_qp_num = 0x9000 + i;
-                e.dgid = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, (i >> 16) as u8, (i >> 8) as u8, i as u8, 1];
+                e.dgid = [
+                    0xfe,
+                    0x80,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    (i >> 16) as u8,
+                    (i >> 8) as u8,
+                    i as u8,
+                    1,
+                ];
                 e.flow_label = i & 0xf_ffff;
                 e.traffic_class = 106;
                 e.sl = 3;
@@ -198,11 +215,23 @@ impl QpImage {
         put(&mut img.attr, ibv::ATTR_QP_STATE, QPS_RTR as u32);
         put(&mut img.attr, ibv::ATTR_DEST_QP_NUM, 0x777u32);
         let ah = ibv::ATTR_AH_ATTR;
-        put(&mut img.attr, ah + ibv::AH_GRH + ibv::GRH_DGID, [0xfeu8, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2]);
-        put(&mut img.attr, ah + ibv::AH_GRH + ibv::GRH_FLOW_LABEL, 0x5a5a5u32);
+        put(
+            &mut img.attr,
+            ah + ibv::AH_GRH + ibv::GRH_DGID,
+            [0xfeu8, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2],
+        );
+        put(
+            &mut img.attr,
+            ah + ibv::AH_GRH + ibv::GRH_FLOW_LABEL,
+            0x5a5a5u32,
+        );
         put(&mut img.attr, ah + ibv::AH_GRH + ibv::GRH_SGID_INDEX, 1u8);
         put(&mut img.attr, ah + ibv::AH_GRH + ibv::GRH_HOP_LIMIT, 64u8);
-        put(&mut img.attr, ah + ibv::AH_GRH + ibv::GRH_TRAFFIC_CLASS, 96u8);
+        put(
+            &mut img.attr,
+            ah + ibv::AH_GRH + ibv::GRH_TRAFFIC_CLASS,
+            96u8,
+        );
         put(&mut img.attr, ah + ibv::AH_SL, 4u8);
         put(&mut img.attr, ah + ibv::AH_IS_GLOBAL, 1u8);
         put(&mut img.attr, ah + ibv::AH_PORT_NUM, 1u8);
@@ -212,9 +241,13 @@ impl QpImage {
 
 /// ns per `ibv_modify_qp` call over `calls` calls.
 fn time_calls(img: &mut QpImage, calls: u64) -> f64 {
-    let f: unsafe extern "C" fn(*mut c_void, *mut c_void, c_int) -> c_int = black_box(ibv_modify_qp);
+    let f: unsafe extern "C" fn(*mut c_void, *mut c_void, c_int) -> c_int =
+        black_box(ibv_modify_qp);
     let mask = (QP_ATTR_STATE | QP_ATTR_AV | QP_ATTR_DEST_QPN) as c_int;
-    let (qp, attr) = (img.qp.as_mut_ptr() as *mut c_void, img.attr.as_mut_ptr() as *mut c_void);
+    let (qp, attr) = (
+        img.qp.as_mut_ptr() as *mut c_void,
+        img.attr.as_mut_ptr() as *mut c_void,
+    );
     let start = Instant::now();
     for _ in 0..calls {
         // SAFETY: the images outlive the calls; the function only passes pointers through.
@@ -225,7 +258,10 @@ fn time_calls(img: &mut QpImage, calls: u64) -> f64 {
 
 fn uprobe_bench(budget: Duration) {
     let skip = |why: String| {
-        println!("{}", json!({"bench": "uprobe_call_overhead", "skipped": why}));
+        println!(
+            "{}",
+            json!({"bench": "uprobe_call_overhead", "skipped": why})
+        );
     };
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
@@ -239,8 +275,12 @@ fn uprobe_bench(budget: Duration) {
     // Referenced, so the linker keeps the three symbols the tracer attaches to.
     // SAFETY: both only pass their arguments to black_box.
     unsafe {
-        black_box(black_box(ibv_create_qp as unsafe extern "C" fn(*mut c_void, *mut c_void) -> *mut c_void)(std::ptr::null_mut(), std::ptr::null_mut()));
-        black_box(black_box(ibv_destroy_qp as unsafe extern "C" fn(*mut c_void) -> c_int)(std::ptr::null_mut()));
+        black_box(black_box(
+            ibv_create_qp as unsafe extern "C" fn(*mut c_void, *mut c_void) -> *mut c_void,
+        )(std::ptr::null_mut(), std::ptr::null_mut()));
+        black_box(black_box(
+            ibv_destroy_qp as unsafe extern "C" fn(*mut c_void) -> c_int,
+        )(std::ptr::null_mut()));
     }
     // Warm up, then size the untraced run to about a quarter of the budget.
     time_calls(&mut img, 1_000_000);
@@ -261,7 +301,13 @@ fn uprobe_bench(budget: Duration) {
         ..Default::default()
     };
     let started = rt.block_on(async {
-        ServiceTracer::start(cfg, Arc::new(|_: &str, _: u8, _: u8| Some([0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1])), Arc::new(|_: u32, _: &str, _: u32| false))
+        ServiceTracer::start(
+            cfg,
+            Arc::new(|_: &str, _: u8, _: u8| {
+                Some([0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1])
+            }),
+            Arc::new(|_: u32, _: &str, _: u32| false),
+        )
     });
     let tracer = match started {
         Started::Running(t) => t,
@@ -311,8 +357,20 @@ fn main() {
     while let Some(a) = args.next() {
         let v = args.next().unwrap_or_else(|| usage(&a));
         match a.as_str() {
-            "--seconds-per-run" => secs = v.parse().ok().filter(|s: &f64| *s > 0.0 && *s <= 60.0).unwrap_or_else(|| usage(&v)),
-            "--runs" => runs = v.parse().ok().filter(|n| (1..=20).contains(n)).unwrap_or_else(|| usage(&v)),
+            "--seconds-per-run" => {
+                secs = v
+                    .parse()
+                    .ok()
+                    .filter(|s: &f64| *s > 0.0 && *s <= 60.0)
+                    .unwrap_or_else(|| usage(&v))
+            }
+            "--runs" => {
+                runs = v
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=20).contains(n))
+                    .unwrap_or_else(|| usage(&v))
+            }
             "--only" if v == "pipeline" || v == "uprobe" => only = Some(v),
             _ => usage(&a),
         }

@@ -42,7 +42,12 @@ fn main() {
     let keys: Vec<AhKey> = (0..TARGETS)
         .flat_map(|t| {
             (0..LABELS).map(move |l| {
-                AhKey::new(Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 1, t), 0x1000 + l * 7919, 0, 0)
+                AhKey::new(
+                    Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 1, t),
+                    0x1000 + l * 7919,
+                    0,
+                    0,
+                )
             })
         })
         .collect();
@@ -55,8 +60,22 @@ fn main() {
         deque_ns.push(deque_push_pop(ops));
         ring_ns.push(completion_to_event(ops));
     }
-    report("ah_cache_hit", "hashmap_lookup", &mut cache_ns, &mut map_ns, runs, ops);
-    report("completion_to_event", "queue_push_pop", &mut ring_ns, &mut deque_ns, runs, ops);
+    report(
+        "ah_cache_hit",
+        "hashmap_lookup",
+        &mut cache_ns,
+        &mut map_ns,
+        runs,
+        ops,
+    );
+    report(
+        "completion_to_event",
+        "queue_push_pop",
+        &mut ring_ns,
+        &mut deque_ns,
+        runs,
+        ops,
+    );
 }
 
 fn report(what: &str, baseline: &str, ours: &mut [f64], base: &mut [f64], runs: usize, ops: usize) {
@@ -74,7 +93,11 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 fn hashmap_lookup(keys: &[AhKey], ops: usize) -> f64 {
-    let map: HashMap<AhKey, u64> = keys.iter().enumerate().map(|(i, k)| (*k, i as u64)).collect();
+    let map: HashMap<AhKey, u64> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, k)| (*k, i as u64))
+        .collect();
     let start = Instant::now();
     let mut acc = 0u64;
     for i in 0..ops {
@@ -102,7 +125,10 @@ fn ah_cache_hit(keys: &[AhKey], ops: usize) -> f64 {
 
 fn sample_event() -> TransportEvent {
     TransportEvent::Received {
-        from: Endpoint { gid: Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 2), qpn: 0x11 },
+        from: Endpoint {
+            gid: Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 2),
+            qpn: 0x11,
+        },
         len: 40,
         data: [7u8; 64],
         rx_ts_ns: Some(1),
