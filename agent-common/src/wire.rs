@@ -15,7 +15,6 @@
 pub const PACKET_LEN: usize = 40;
 pub const WIRE_VERSION: u8 = 1;
 
-// CONTRACT (implementation: core/udp helper). Signatures below are fixed.
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MsgType {

@@ -1,9 +1,6 @@
 //! Sans-IO core of the 6-timestamp probing protocol (quinn-proto style): state machines
 //! take events with timestamps the caller measured and return packets to send and results.
 //! No socket, no verbs, no clock inside: every transport drives the same code.
-//!
-//! CONTRACT: the public signatures in this crate are what `agent` codes against.
-//! Bodies marked todo!() are implemented by the core/udp work.
 
 pub mod aggregate;
 pub mod flowlabel;

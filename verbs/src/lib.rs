@@ -1,9 +1,8 @@
 //! The data path: a transport carries 40-byte probe packets between "RNICs" and reports the
 //! completion timestamps the protocol needs (send completion = T2/T4, receive completion
 //! = T3/T5). Backends: `udp` (kernel SO_TIMESTAMPING software timestamps) and `rdma`
-//! (its own issue; selecting it fails with one clear line until then).
-//!
-//! CONTRACT: public signatures here are what `agent` codes against.
+//! (UD QPs with NIC completion timestamps, behind the `rdma` cargo feature; without it,
+//! opening fails with one clear line).
 
 pub mod clock;
 pub mod rdma;
