@@ -22,6 +22,7 @@ use crate::rnic::{DriverExit, DriverIo, DriverParams, DriverStats, RnicDriver};
 use crate::service::{self, FlowReporterParams, LocalDevice, ServiceNames};
 use crate::targets::Pinglists;
 use crate::telemetry::Metrics;
+use crate::watchdog::SharedMultiplier;
 
 /// Summaries buffered between the drivers and the reporter before new ones are dropped.
 const REPORT_QUEUE: usize = 8192;
@@ -95,6 +96,9 @@ pub struct RunningAgent {
     pub tracer: Option<Arc<rpingmesh_service_tracer::ServiceTracer>>,
     pub stats: Vec<Arc<DriverStats>>,
     pub registrar: Arc<Registrar>,
+    /// The probe-rate multiplier every driver follows (Some when self_protection_enabled):
+    /// the watchdog writes it.
+    pub rate_multiplier: Option<SharedMultiplier>,
 }
 
 /// Starts everything on the current runtime. Returns at once: the controller is contacted
@@ -157,7 +161,9 @@ pub fn start<R: Into<OpenedRnic>>(
         ))
     });
 
-    let base_params = DriverParams::from_config(cfg, seq_epoch);
+    let mut base_params = DriverParams::from_config(cfg, seq_epoch);
+    let rate_multiplier = cfg.self_protection_enabled.then(SharedMultiplier::default);
+    base_params.rate_multiplier = rate_multiplier.clone();
     let mut drivers = Vec::new();
     let mut monitors = Vec::new();
     let mut pending_monitors = Vec::new();
@@ -220,6 +226,7 @@ pub fn start<R: Into<OpenedRnic>>(
         tracer,
         stats,
         registrar,
+        rate_multiplier,
     })
 }
 

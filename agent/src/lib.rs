@@ -15,5 +15,7 @@ pub mod rnic;
 pub mod service;
 pub mod targets;
 pub mod telemetry;
+pub mod watchdog;
+pub mod watchdog_sampler;
 
 pub use config::{AgentConfig, CliArgs, ConfigError};

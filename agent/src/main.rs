@@ -6,7 +6,7 @@ use std::time::Duration;
 use clap::Parser;
 use rpingmesh_agent::config::{AgentConfig, CliArgs, Transport};
 use rpingmesh_agent::telemetry::{init_logging, Telemetry};
-use rpingmesh_agent::{agent, telemetry};
+use rpingmesh_agent::{agent, telemetry, watchdog_sampler};
 
 fn main() -> ExitCode {
     let cli = CliArgs::parse();
@@ -18,11 +18,8 @@ fn main() -> ExitCode {
         }
     };
     init_logging(&cfg.log_level);
-    if cfg.self_protection_enabled {
-        tracing::warn!("self_protection_enabled: the resource watchdog is not implemented yet; probing is not throttled");
-    }
     let rt = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(worker_threads(cfg.max_procs))
         .enable_all()
         .build()
     {
@@ -65,13 +62,32 @@ async fn run(cfg: AgentConfig) -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    let watchdog = running.rate_multiplier.clone().map(|m| {
+        let gauge = telemetry.self_throttle_gauge();
+        let cfg = cfg.clone();
+        tokio::spawn(async move { watchdog_sampler::run_watchdog(&cfg, m, gauge).await })
+    });
     wait_for_signal().await;
     tracing::info!("shutting down");
+    if let Some(w) = watchdog {
+        w.abort();
+    }
     running.shutdown().await;
     // The final export blocks on the exporter: keep it off the async workers.
     let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
     tracing::info!(service = telemetry::SERVICE_NAME, "stopped");
     ExitCode::SUCCESS
+}
+
+/// Two async workers, or fewer when max_procs caps the cores (honored whenever set,
+/// independent of self_protection_enabled).
+fn worker_threads(max_procs: u64) -> usize {
+    const DEFAULT: usize = 2;
+    match usize::try_from(max_procs) {
+        Ok(0) => DEFAULT,
+        Ok(n) => n.min(DEFAULT),
+        Err(_) => DEFAULT,
+    }
 }
 
 async fn wait_for_signal() {
@@ -87,5 +103,17 @@ async fn wait_for_signal() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::worker_threads;
+
+    #[test]
+    fn max_procs_caps_the_workers() {
+        assert_eq!(worker_threads(0), 2);
+        assert_eq!(worker_threads(1), 1);
+        assert_eq!(worker_threads(8), 2);
     }
 }

@@ -25,6 +25,7 @@ use crate::report::{to_proto, PathKey, ReportSink};
 use crate::service::ServiceNameCap;
 use crate::targets::{Pinglists, ProbeTarget};
 use crate::telemetry::{DropReason, FailReason, Metrics, PathAttrs};
+use crate::watchdog::SharedMultiplier;
 
 /// Probes started per loop turn before received datagrams are looked at again.
 const SEND_BURST: usize = 64;
@@ -62,6 +63,8 @@ pub struct DriverParams {
     pub seq_epoch: u32,
     /// Agent-wide bound on `service` metric attribute values (shared by clones).
     pub service_names: Arc<Mutex<ServiceNameCap>>,
+    /// Self-protection: scales every per-type rate (None = always 1.0).
+    pub rate_multiplier: Option<SharedMultiplier>,
 }
 
 impl DriverParams {
@@ -84,7 +87,24 @@ impl DriverParams {
             responder_only: cfg.responder_only,
             seq_epoch,
             service_names: Arc::new(Mutex::new(ServiceNameCap::new(cfg.max_service_names))),
+            rate_multiplier: None,
         }
+    }
+
+    /// Per-target rates of (ToR-mesh, inter-ToR, SERVICE) under `multiplier`.
+    pub fn scaled_rates(&self, multiplier: f64) -> [f64; 3] {
+        [self.tor_mesh_rate, self.inter_tor_rate, self.service_rate]
+            .map(|r| scaled_rate(r, multiplier))
+    }
+}
+
+/// `rate` x `multiplier`; a multiplier that is not in (0, 1] leaves the rate alone (the
+/// throttle only ever slows probing, and never stops it).
+pub fn scaled_rate(rate: f64, multiplier: f64) -> f64 {
+    if multiplier > 0.0 && multiplier <= 1.0 {
+        rate * multiplier
+    } else {
+        rate
     }
 }
 
@@ -313,6 +333,10 @@ struct State {
     responder: Responder<Endpoint>,
     scheduler: ProbeScheduler,
     has_targets: bool,
+    /// The scheduled targets of (ToR-mesh, inter-ToR, SERVICE), kept to re-apply rates.
+    kind_targets: [Vec<TargetId>; 3],
+    /// Bits of the multiplier the scheduler's rates were last set with.
+    applied_multiplier_bits: u64,
     targets: IdMap<TargetState>,
     ids: HashMap<TargetKey, TargetId>,
     next_id: TargetId,
@@ -374,6 +398,8 @@ impl RnicDriver {
             responder: Responder::new(8192, params.probe_timeout_ns.max(1)),
             scheduler: ProbeScheduler::new(params.round_interval_ns.max(1)),
             has_targets: false,
+            kind_targets: Default::default(),
+            applied_multiplier_bits: 1.0f64.to_bits(),
             targets: IdMap::default(),
             ids: HashMap::new(),
             next_id: 0,
@@ -471,6 +497,7 @@ impl RnicDriver {
                 }
             }
             let now = monotonic_ns();
+            state.follow_multiplier(now);
             state.send_due(&endpoint, now);
             if state.poll_timers(now) {
                 ring_dropped.export(&endpoint, &state.metrics);
@@ -867,14 +894,44 @@ impl State {
             gid = %self.own_gid, tor_mesh = tor_mesh.len(), inter_tor = inter_tor.len(),
             service = service.len(), "probe targets set"
         );
+        self.kind_targets = [tor_mesh, inter_tor, service];
+        self.applied_multiplier_bits = self.current_multiplier_bits();
+        self.apply_rates(now);
+    }
+
+    fn current_multiplier_bits(&self) -> u64 {
+        self.p
+            .rate_multiplier
+            .as_ref()
+            .map_or(1.0f64.to_bits(), |m| m.bits())
+    }
+
+    /// Re-applies the targets' rates when the self-protection multiplier moved: one
+    /// relaxed load per turn, work only on a change (at most once per watchdog interval).
+    fn follow_multiplier(&mut self, now: u64) {
+        if self.p.rate_multiplier.is_none() || self.p.responder_only {
+            return;
+        }
+        let bits = self.current_multiplier_bits();
+        if bits != self.applied_multiplier_bits {
+            self.applied_multiplier_bits = bits;
+            self.apply_rates(now);
+        }
+    }
+
+    /// Hands the scheduler every kind's targets at its rate x the applied multiplier.
+    fn apply_rates(&mut self, now: u64) {
+        let m = f64::from_bits(self.applied_multiplier_bits);
+        let [tor_mesh_rate, inter_tor_rate, service_rate] = self.p.scaled_rates(m);
+        let [tor_mesh, inter_tor, service] = &self.kind_targets;
         self.scheduler
-            .set_targets(PinglistKind::Service, service, self.p.service_rate, now);
+            .set_targets(PinglistKind::Service, service.clone(), service_rate, now);
         self.scheduler
-            .set_targets(PinglistKind::TorMesh, tor_mesh, self.p.tor_mesh_rate, now);
+            .set_targets(PinglistKind::TorMesh, tor_mesh.clone(), tor_mesh_rate, now);
         self.scheduler.set_targets(
             PinglistKind::InterTor,
-            inter_tor,
-            self.p.inter_tor_rate,
+            inter_tor.clone(),
+            inter_tor_rate,
             now,
         );
     }
@@ -1100,5 +1157,93 @@ mod tests {
         assert_eq!(p.probe_timeout_ns, 1_000_000_000);
         assert_eq!(p.analysis_window_ns, None);
         assert_eq!((p.service_level, p.traffic_class, p.seq_epoch), (3, 184, 5));
+        assert!(p.rate_multiplier.is_none());
+    }
+
+    #[test]
+    fn scaled_rates_follow_the_multiplier() {
+        let p = DriverParams::from_config(
+            &AgentConfig {
+                inter_tor_probe_rate_per_second: 1.0,
+                ..AgentConfig::default()
+            },
+            0,
+        );
+        assert_eq!(p.scaled_rates(1.0), [10.0, 1.0, 10.0]);
+        assert_eq!(p.scaled_rates(0.5), [5.0, 0.5, 5.0]);
+        assert_eq!(p.scaled_rates(0.1), [1.0, 0.1, 1.0]);
+        // Never stop, never speed up.
+        assert_eq!(p.scaled_rates(0.0), [10.0, 1.0, 10.0]);
+        assert_eq!(p.scaled_rates(2.0), [10.0, 1.0, 10.0]);
+    }
+
+    /// Probes the scheduler hands out over [from, to) polled every ms.
+    fn polls(s: &mut ProbeScheduler, from: u64, to: u64) -> usize {
+        let mut n = 0;
+        for t in (from..to).step_by(1_000_000) {
+            while s.poll(t).is_some() {
+                n += 1;
+            }
+        }
+        n
+    }
+
+    #[test]
+    fn driver_halves_its_probe_rate_when_the_multiplier_drops_to_half() {
+        const S: u64 = 1_000_000_000;
+        let shared = SharedMultiplier::default();
+        let mut params = DriverParams::from_config(
+            &AgentConfig {
+                tor_id: "tor-a".into(),
+                probe_interval_ms: 10,
+                tor_mesh_probe_rate_per_second: 20.0,
+                inter_tor_probe_rate_per_second: 10.0,
+                ..AgentConfig::default()
+            },
+            0,
+        );
+        params.rate_multiplier = Some(shared.clone());
+        // The endpoint registers with tokio; the driver loop itself is not run.
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let _rt = rt.enter();
+        let ep = rpingmesh_verbs::udp::UdpEndpoint::bind(
+            std::net::SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, 0)),
+            "udp0",
+        )
+        .unwrap();
+        let mut st = RnicDriver::new(ep, params, Metrics::disabled()).state;
+        let target = |last: u8, kind| {
+            let mut gid = [0u8; 16];
+            gid[15] = last;
+            ProbeTarget::new(Ipv6Addr::from(gid), 100 + u32::from(last), "tor-b", kind)
+        };
+        let lists = Pinglists {
+            tor_mesh: vec![target(1, PinglistKind::TorMesh)],
+            inter_tor: vec![target(2, PinglistKind::InterTor)],
+            service: vec![],
+        };
+        st.apply_pinglists(&lists, 0);
+        // Unthrottled: 20/s + 10/s over 10 s.
+        let full = polls(&mut st.scheduler, 0, 10 * S);
+        assert!((295..=305).contains(&full), "{full}");
+        // An unchanged multiplier changes nothing.
+        st.follow_multiplier(10 * S);
+        assert_eq!(st.applied_multiplier_bits, 1.0f64.to_bits());
+        shared.set(0.5);
+        st.follow_multiplier(10 * S);
+        let half = polls(&mut st.scheduler, 10 * S, 20 * S);
+        assert!((145..=155).contains(&half), "{half}");
+        // New pinglists keep the multiplier in force.
+        st.apply_pinglists(&lists, 20 * S);
+        let still = polls(&mut st.scheduler, 20 * S, 30 * S);
+        assert!((145..=155).contains(&still), "{still}");
+        // Release restores the configured rates.
+        shared.set(1.0);
+        st.follow_multiplier(30 * S);
+        let back = polls(&mut st.scheduler, 30 * S, 40 * S);
+        assert!((295..=305).contains(&back), "{back}");
     }
 }

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use opentelemetry::metrics::{Counter, Histogram, Meter, MeterProvider as _};
+use opentelemetry::metrics::{Counter, Gauge, Histogram, Meter, MeterProvider as _};
 use opentelemetry::KeyValue;
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
 use opentelemetry_sdk::Resource;
@@ -292,6 +292,16 @@ impl Telemetry {
     pub fn provider(&self) -> &SdkMeterProvider {
         &self.provider
     }
+
+    /// rpingmesh.agent.self_throttle (attribute-free). Built only on demand: the gauge
+    /// exists only when self_protection_enabled.
+    pub fn self_throttle_gauge(&self) -> Gauge<f64> {
+        self.provider
+            .meter(SERVICE_NAME)
+            .f64_gauge("rpingmesh.agent.self_throttle")
+            .with_description("Self-protection rate multiplier (1.0 = unthrottled, down to 0.1)")
+            .build()
+    }
 }
 
 /// JSON logs on stderr at `level` (RUST_LOG, when set, wins).
@@ -401,6 +411,45 @@ mod tests {
         assert!(failed[0].0.contains(&"source_tor=tor-a".to_string()));
         let dropped = sum("rpingmesh.agent.dropped_packets_total");
         assert_eq!(dropped, vec![(vec!["reason=bad_length".to_string()], 1)]);
+    }
+
+    #[test]
+    fn self_throttle_gauge_only_when_asked_and_attribute_free() {
+        let names = |t: &Telemetry, exporter: &InMemoryMetricExporter| -> Vec<String> {
+            t.provider().force_flush().unwrap();
+            exporter
+                .get_finished_metrics()
+                .unwrap()
+                .iter()
+                .flat_map(|rm| rm.scope_metrics())
+                .flat_map(|sm| sm.metrics())
+                .map(|m| m.name().to_string())
+                .collect()
+        };
+        let exporter = InMemoryMetricExporter::default();
+        let reader = PeriodicReader::builder(exporter.clone()).build();
+        let t = Telemetry::from_provider(SdkMeterProvider::builder().with_reader(reader).build());
+        t.metrics.record_dropped(DropReason::BadLength);
+        assert!(!names(&t, &exporter).contains(&"rpingmesh.agent.self_throttle".to_string()));
+
+        let exporter = InMemoryMetricExporter::default();
+        let reader = PeriodicReader::builder(exporter.clone()).build();
+        let t = Telemetry::from_provider(SdkMeterProvider::builder().with_reader(reader).build());
+        t.self_throttle_gauge().record(0.25, &[]);
+        t.provider().force_flush().unwrap();
+        let got = exporter.get_finished_metrics().unwrap();
+        let m = got
+            .iter()
+            .flat_map(|rm| rm.scope_metrics())
+            .flat_map(|sm| sm.metrics())
+            .find(|m| m.name() == "rpingmesh.agent.self_throttle")
+            .expect("self_throttle exported");
+        let AggregatedMetrics::F64(MetricData::Gauge(g)) = m.data() else {
+            panic!("self_throttle not an f64 gauge")
+        };
+        let p = g.data_points().next().unwrap();
+        assert_eq!(p.value(), 0.25);
+        assert_eq!(p.attributes().count(), 0);
     }
 
     #[test]

@@ -32,6 +32,7 @@ fn params(tor: &str, window_sec: Option<u64>) -> DriverParams {
         service_names: std::sync::Arc::new(std::sync::Mutex::new(
             rpingmesh_agent::service::ServiceNameCap::new(4),
         )),
+        rate_multiplier: None,
     }
 }
 

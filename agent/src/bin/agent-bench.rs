@@ -118,6 +118,7 @@ fn agent(dur: Duration, in_flight: usize) -> (f64, u64) {
             responder_only: false,
             seq_epoch: rand::random(),
             service_names: Default::default(),
+            rate_multiplier: None,
         };
         let a = RnicDriver::new(bind(), params("tor-a"), Metrics::disabled());
         let b = RnicDriver::new(bind(), params("tor-b"), Metrics::disabled());
