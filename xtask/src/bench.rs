@@ -641,7 +641,8 @@ fn render_markdown(
             "tracer-bench" => "Service tracer: QP events per second from ring-buffer records to the flow table on one core (target > 1,000,000/s) vs copying the same bytes; per-call cost of the libibverbs uprobe vs the untraced call, same run. \
                 The untraced function is an empty stand-in (about 2 ns), so the ratio is large; what matters is the absolute cost per traced call \
                 (two traps, the eBPF program and a ring-buffer wake-up of the reader on this VM), paid once per QP create/modify/destroy: \
-                a real ibv_modify_qp is itself a command to the NIC that takes tens of microseconds, and data-path verbs (post_send, poll_cq) are not traced",
+                a real ibv_modify_qp is itself a command to the NIC that takes tens of microseconds, and data-path verbs (post_send, poll_cq) are not traced. \
+                probing_under_qp_storm: two real drivers probing at 4,000 probes/s offered, quiet vs while a thread hammers the traced create/modify/destroy as fast as it can (ratio = storm/quiet, target >= 0.9)",
             "verbs-bench" => "rdma backend without hardware: the address-handle cache hit every send pays vs a plain HashMap lookup, and completion -> event (translate + SPSC ring push/pop) vs a plain VecDeque push/pop, same run. \
                 The Go/Zig version calls ibv_create_ah for every probe it sends (a verbs call into the provider, on most NICs a kernel or firmware command); \
                 ours creates one AH per (GID, flow label, SL, TC) path and reuses it from this LRU, so the per-send cost is the lookup below",

@@ -1,5 +1,5 @@
 //! tracer-bench: the service tracer's costs, one JSON object per line on stdout, about
-//! 12 s in total.
+//! 23 s in total.
 //!
 //! (a) events/s through the userspace pipeline (ring-buffer-shaped `QpEvent` bytes ->
 //!     decode -> `FlowTable` apply) on one core, against copying the same bytes into a
@@ -7,14 +7,28 @@
 //! (b) per-call cost of a traced function: this binary exports `ibv_create_qp`,
 //!     `ibv_modify_qp` and `ibv_destroy_qp` with the libibverbs layouts, times
 //!     `ibv_modify_qp` (INIT->RTR with a GRH, the heaviest probe path) untraced, then with
-//!     the tracer's uprobes attached to /proc/self/exe; needs root (else a skip line).
+//!     the tracer's uprobes attached to /proc/self/exe; needs root (else a skip line);
+//! (c) probing under a QP storm: two real drivers on 127.0.0.1 probe each other (and
+//!     shared responders) at a fixed busy rate, quiet, then with a thread calling the traced create / modify(RTR) /
+//!     destroy flat out, untraced and then with the tracer attached; completed probes/s
+//!     and RTT / prober-delay percentiles from the outcome tap; needs root (else a skip
+//!     line). About 10 s.
 //!
-//! Usage: tracer-bench [--seconds-per-run S] [--runs N] [--only pipeline|uprobe]
+//! Usage: tracer-bench [--seconds-per-run S] [--runs N] [--only pipeline|uprobe|storm]
 
 use std::ffi::{c_int, c_void};
 use std::hint::black_box;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use rpingmesh_agent::rnic::{DriverParams, RnicDriver, StaticDriver, TargetOutcome};
+use rpingmesh_agent::targets::{Pinglists, ProbeTarget};
+use rpingmesh_agent::telemetry::Metrics;
+use rpingmesh_protocol::prober::ProbeResult;
+use rpingmesh_protocol::PinglistKind;
+use rpingmesh_verbs::udp::UdpEndpoint;
 
 use rpingmesh_agent_common::event::*;
 use rpingmesh_service_tracer::{
@@ -151,12 +165,17 @@ fn copy_baseline(stream: &[u8], dur: Duration) -> f64 {
 
 // ------------------------------------------------------------------ (b) uprobe overhead
 
+/// Stands in for a provider: the "QP" created is whatever the caller passes as `pd`
+/// (part (c) passes a `QpImage`, so the tracer's return probe reads a real `ibv_qp`;
+/// part (b) passes null, a failed creation the tracer ignores).
+///
 /// # Safety
-/// `_pd` is unused; returns a QP the caller frees with `ibv_destroy_qp`.
+/// Pointers are only passed through.
 #[no_mangle]
 #[inline(never)]
-pub unsafe extern "C" fn ibv_create_qp(_pd: *mut c_void, _init: *mut c_void) -> *mut c_void {
-    black_box(std::ptr::null_mut())
+pub unsafe extern "C" fn ibv_create_qp(pd: *mut c_void, init: *mut c_void) -> *mut c_void {
+    black_box(init);
+    black_box(pd)
 }
 
 /// The traced function: what the caller pays is the call plus (traced) the uprobe.
@@ -335,6 +354,253 @@ fn uprobe_bench(budget: Duration) {
     );
 }
 
+// ------------------------------------------------------------------ (c) probing under a QP storm
+
+/// Probes/s each of the two probing drivers sends: a busy agent (a thousand targets at
+/// the default two probes/s each), spread over `STORM_TARGETS` targets so that the
+/// per-kind token bucket (capacity = target count) rides over the runtime's 1 ms timer.
+const STORM_PROBE_RATE: f64 = 2_000.0;
+/// Targets per probing driver: the other prober plus responder-only drivers.
+const STORM_TARGETS: usize = 8;
+
+/// What one measured window of the two drivers gave.
+struct ProbePhase {
+    /// Completed (successful) probes/s, both drivers together.
+    probes_per_sec: f64,
+    failed_or_invalid: u64,
+    rtt_p50: u64,
+    rtt_p99: u64,
+    delay_p50: u64,
+    delay_p99: u64,
+}
+
+/// The `p` quantile (0..=1) of sorted `v`, nearest rank; 0 when empty.
+fn quantile(v: &[u64], p: f64) -> u64 {
+    if v.is_empty() {
+        return 0;
+    }
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+fn bind_udp() -> UdpEndpoint {
+    UdpEndpoint::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), "bench").expect("bind 127.0.0.1")
+}
+
+/// Two drivers probing each other (and `STORM_TARGETS - 1` shared responders) at
+/// `STORM_PROBE_RATE` each for `dur` after a warm-up, on the current (multi-thread, as
+/// in the agent) runtime.
+async fn probe_phase(dur: Duration) -> ProbePhase {
+    let per_target = STORM_PROBE_RATE / STORM_TARGETS as f64;
+    let params = |tor: &str, responder_only: bool| DriverParams {
+        source_tor: tor.into(),
+        round_interval_ns: (1e9 / per_target) as u64,
+        tor_mesh_rate: per_target,
+        inter_tor_rate: per_target,
+        service_rate: per_target,
+        probe_timeout_ns: 500_000_000,
+        max_in_flight: 64,
+        flow_label_rotation_period_sec: 3600,
+        service_level: 0,
+        traffic_class: 0,
+        analysis_window_ns: Some(30_000_000_000),
+        responder_only,
+        seq_epoch: rand::random(),
+        service_names: Default::default(),
+        rate_multiplier: None,
+    };
+    let a = RnicDriver::new(bind_udp(), params("tor-a", false), Metrics::disabled());
+    let b = RnicDriver::new(bind_udp(), params("tor-b", false), Metrics::disabled());
+    let (la, lb) = (a.local(), b.local());
+    let mut responders = Vec::new();
+    let mut shared = Vec::new();
+    for i in 1..STORM_TARGETS {
+        let r = RnicDriver::new(bind_udp(), params("tor-r", true), Metrics::disabled());
+        let l = r.local();
+        shared.push(ProbeTarget::new(
+            l.gid,
+            l.qpn,
+            &format!("tor-r{i}"),
+            PinglistKind::TorMesh,
+        ));
+        responders.push(StaticDriver::spawn(r, Pinglists::default(), None, None));
+    }
+    let list = |gid, qpn, tor: &str| {
+        let mut tor_mesh = vec![ProbeTarget::new(gid, qpn, tor, PinglistKind::TorMesh)];
+        tor_mesh.extend(shared.iter().cloned());
+        Pinglists {
+            tor_mesh,
+            inter_tor: vec![],
+            service: vec![],
+        }
+    };
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<TargetOutcome>();
+    let (ha, ta) = StaticDriver::spawn(a, list(lb.gid, lb.qpn, "tor-b"), None, Some(tx.clone()));
+    let (hb, tb) = StaticDriver::spawn(b, list(la.gid, la.qpn, "tor-a"), None, Some(tx));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Outcomes of the warm-up are dropped; the window's stay queued until the end.
+    while rx.try_recv().is_ok() {}
+    let (a0, b0) = (ha.stats.snapshot(), hb.stats.snapshot());
+    let start = Instant::now();
+    tokio::time::sleep(dur).await;
+    let (a1, b1) = (ha.stats.snapshot(), hb.stats.snapshot());
+    let secs = start.elapsed().as_secs_f64();
+    ha.stop();
+    hb.stop();
+    let _ = ta.await;
+    let _ = tb.await;
+    for (h, t) in responders {
+        h.stop();
+        let _ = t.await;
+    }
+    let mut rtt = Vec::new();
+    let mut delay = Vec::new();
+    while let Ok(o) = rx.try_recv() {
+        if let ProbeResult::Success(s) = o.outcome.result {
+            rtt.push(s.network_rtt_ns);
+            delay.push(s.prober_delay_ns);
+        }
+    }
+    rtt.sort_unstable();
+    delay.sort_unstable();
+    let ok = (a1.probe_success - a0.probe_success) + (b1.probe_success - b0.probe_success);
+    let bad = |s1: rpingmesh_agent::rnic::StatsSnapshot,
+               s0: rpingmesh_agent::rnic::StatsSnapshot| {
+        (s1.probe_failed + s1.probe_invalid) - (s0.probe_failed + s0.probe_invalid)
+    };
+    ProbePhase {
+        probes_per_sec: ok as f64 / secs,
+        failed_or_invalid: bad(a1, a0) + bad(b1, b0),
+        rtt_p50: quantile(&rtt, 0.5),
+        rtt_p99: quantile(&rtt, 0.99),
+        delay_p50: quantile(&delay, 0.5),
+        delay_p99: quantile(&delay, 0.99),
+    }
+}
+
+/// A thread calling the traced create / modify(INIT->RTR, GRH) / destroy as fast as it
+/// can, a fresh QP number each lifecycle, until `stop`; returns calls/s.
+fn storm(stop: Arc<AtomicBool>, calls: Arc<AtomicU64>) -> std::thread::JoinHandle<f64> {
+    std::thread::spawn(move || {
+        let mut img = QpImage::new();
+        let mask = (QP_ATTR_STATE | QP_ATTR_AV | QP_ATTR_DEST_QPN) as c_int;
+        let create: unsafe extern "C" fn(*mut c_void, *mut c_void) -> *mut c_void =
+            black_box(ibv_create_qp);
+        let modify: unsafe extern "C" fn(*mut c_void, *mut c_void, c_int) -> c_int =
+            black_box(ibv_modify_qp);
+        let destroy: unsafe extern "C" fn(*mut c_void) -> c_int = black_box(ibv_destroy_qp);
+        let start = Instant::now();
+        let mut n = 0u64;
+        let mut qpn = 0x1000u32;
+        while !stop.load(Ordering::Relaxed) {
+            for _ in 0..256 {
+                qpn = qpn.wrapping_add(1) & 0xff_ffff;
+                put(&mut img.qp, ibv::QP_QP_NUM, qpn);
+                let attr = img.attr.as_mut_ptr() as *mut c_void;
+                // SAFETY: the image outlives the calls; the functions only pass pointers
+                // through (create hands back the image it was given).
+                unsafe {
+                    let qp = create(black_box(img.qp.as_mut_ptr() as *mut c_void), attr);
+                    black_box(modify(qp, attr, mask));
+                    black_box(destroy(qp));
+                }
+                n += 3;
+            }
+            calls.store(n, Ordering::Relaxed);
+        }
+        n as f64 / start.elapsed().as_secs_f64()
+    })
+}
+
+fn storm_bench(phase: Duration) {
+    let skip = |why: String| {
+        println!(
+            "{}",
+            json!({"bench": "probing_under_qp_storm", "skipped": why})
+        );
+    };
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return skip("not root: attaching uprobes needs CAP_BPF + CAP_PERFMON".into());
+    }
+    let exe = match std::fs::read_link("/proc/self/exe") {
+        Ok(p) => p,
+        Err(e) => return skip(format!("/proc/self/exe: {e}")),
+    };
+    // Two workers, as the agent's runtime on this size of machine: drivers and the
+    // tracer's reader share them.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let with_storm = |f: &dyn Fn() -> ProbePhase| {
+        let stop = Arc::new(AtomicBool::new(false));
+        let calls = Arc::new(AtomicU64::new(0));
+        let h = storm(stop.clone(), calls);
+        let r = f();
+        stop.store(true, Ordering::Relaxed);
+        (r, h.join().expect("storm thread"))
+    };
+    let quiet = rt.block_on(probe_phase(phase));
+    // The storm's CPU alone, untraced: separates contention from the tracer's cost.
+    let (untraced, untraced_storm_rate) = with_storm(&|| rt.block_on(probe_phase(phase)));
+
+    let cfg = TracerConfig {
+        mode: TracingMode::Uprobe,
+        discover_libibverbs: false,
+        uprobe_targets: vec![exe],
+        liveness_interval: Duration::from_millis(200),
+        ..Default::default()
+    };
+    let started = rt.block_on(async {
+        ServiceTracer::start(
+            cfg,
+            Arc::new(|_: &str, _: u8, _: u8| {
+                Some([0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1])
+            }),
+            Arc::new(|_: u32, _: &str, _: u32| false),
+        )
+    });
+    let tracer = match started {
+        Started::Running(t) => t,
+        Started::Off(why) => return skip(why),
+    };
+    let before = tracer.stats();
+    let (stormy, storm_rate) = with_storm(&|| rt.block_on(probe_phase(phase)));
+    // Let the reader catch up and the drop counters be read.
+    std::thread::sleep(Duration::from_millis(600));
+    let after = tracer.stats();
+    drop(tracer);
+    drop(rt);
+    let ratio = if quiet.probes_per_sec > 0.0 {
+        stormy.probes_per_sec / quiet.probes_per_sec
+    } else {
+        0.0
+    };
+    println!(
+        "{}",
+        json!({"bench": "probing_under_qp_storm", "unit": "probes/s",
+               "probes_per_sec_quiet": quiet.probes_per_sec,
+               "probes_per_sec_storm": stormy.probes_per_sec,
+               "probes_per_sec_storm_untraced": untraced.probes_per_sec,
+               "ratio": ratio, "target": 0.9,
+               "offered_probes_per_sec": 2.0 * STORM_PROBE_RATE, "targets_per_prober": STORM_TARGETS,
+               "failed_or_invalid_quiet": quiet.failed_or_invalid,
+               "failed_or_invalid_storm": stormy.failed_or_invalid,
+               "network_rtt_p50_ns_quiet": quiet.rtt_p50, "network_rtt_p99_ns_quiet": quiet.rtt_p99,
+               "network_rtt_p50_ns_storm": stormy.rtt_p50, "network_rtt_p99_ns_storm": stormy.rtt_p99,
+               "prober_delay_p50_ns_quiet": quiet.delay_p50, "prober_delay_p99_ns_quiet": quiet.delay_p99,
+               "prober_delay_p50_ns_storm": stormy.delay_p50, "prober_delay_p99_ns_storm": stormy.delay_p99,
+               "prober_delay_p99_ns_storm_untraced": untraced.delay_p99,
+               "network_rtt_p99_ns_storm_untraced": untraced.rtt_p99,
+               "storm_calls_per_sec_untraced": untraced_storm_rate,
+               "storm_calls_per_sec": storm_rate,
+               "events_seen": after.events - before.events,
+               "ringbuf_dropped": after.ringbuf_drops - before.ringbuf_drops,
+               "seconds_per_phase": phase.as_secs_f64()})
+    );
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     if v.is_empty() {
@@ -345,7 +611,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn usage(arg: &str) -> ! {
-    eprintln!("tracer-bench: bad argument {arg:?}; usage: tracer-bench [--seconds-per-run S] [--runs N] [--only pipeline|uprobe]");
+    eprintln!("tracer-bench: bad argument {arg:?}; usage: tracer-bench [--seconds-per-run S] [--runs N] [--only pipeline|uprobe|storm]");
     std::process::exit(2);
 }
 
@@ -371,12 +637,14 @@ fn main() {
                     .filter(|n| (1..=20).contains(n))
                     .unwrap_or_else(|| usage(&v))
             }
-            "--only" if v == "pipeline" || v == "uprobe" => only = Some(v),
+            "--only" if v == "pipeline" || v == "uprobe" || v == "storm" => only = Some(v),
+            "--only" => usage(&v),
             _ => usage(&a),
         }
     }
     let dur = Duration::from_secs_f64(secs);
-    if only.as_deref() != Some("uprobe") {
+    let part = |p: &str| only.as_deref().is_none_or(|o| o == p);
+    if part("pipeline") {
         let stream = generate();
         let mut base = Vec::new();
         let mut ours = Vec::new();
@@ -403,7 +671,10 @@ fn main() {
             json!({"bench": "tracer_pipeline_vs_copy", "ratio": if b > 0.0 { a / b } else { 0.0 }})
         );
     }
-    if only.as_deref() != Some("pipeline") {
+    if part("uprobe") {
         uprobe_bench(Duration::from_secs_f64(secs * 2.0));
+    }
+    if part("storm") {
+        storm_bench(Duration::from_secs_f64((secs * 2.0).clamp(1.0, 4.0)));
     }
 }
