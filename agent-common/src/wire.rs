@@ -15,7 +15,6 @@
 pub const PACKET_LEN: usize = 40;
 pub const WIRE_VERSION: u8 = 1;
 
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MsgType {
     Probe = 0,

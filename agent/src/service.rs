@@ -177,7 +177,14 @@ pub struct FlowReportState {
     need_full: bool,
     reports: u64,
     full_syncs: u64,
+    /// When the controller last acknowledged a report (monotonic ns).
+    last_acked_ns: Option<u64>,
 }
+
+/// An empty report is only a heartbeat: the controller expires an agent's flows after
+/// minutes of silence (service_flow_ttl_sec, 120 s by default), so one every 30 s keeps
+/// them alive while an idle agent stays near zero cost.
+pub const HEARTBEAT_NS: u64 = 30_000_000_000;
 
 impl Default for FlowReportState {
     fn default() -> Self {
@@ -191,7 +198,29 @@ impl FlowReportState {
             need_full: true,
             reports: 0,
             full_syncs: 0,
+            last_acked_ns: None,
         }
+    }
+
+    /// Whether a report is worth sending now: anything to say, a pending full sync, or a
+    /// heartbeat due (`heartbeat_ns` since the last acknowledged report).
+    pub fn wants_send(&self, batch: &ChangeBatch, now_ns: u64, heartbeat_ns: u64) -> bool {
+        self.need_full
+            || batch.full
+            || !batch.changes.is_empty()
+            || self
+                .last_acked_ns
+                .is_none_or(|t| now_ns.saturating_sub(t) >= heartbeat_ns)
+    }
+
+    /// The next report must be a full sync (changes taken from the tracer were not sent).
+    pub fn require_full(&mut self) {
+        self.need_full = true;
+    }
+
+    /// Records that the controller acknowledged a report at `now_ns`.
+    pub fn acked_at(&mut self, now_ns: u64) {
+        self.last_acked_ns = Some(now_ns);
     }
 
     /// The next report. `batch` is what the tracer accumulated since the last call;
@@ -401,13 +430,22 @@ pub async fn run_flow_reporter(
         metrics.record_tracer_ringbuf_dropped(drops.saturating_sub(drops_exported));
         drops_exported = drops_exported.max(drops);
 
+        let batch = tracer.take_changes();
+        let heartbeat_ns = HEARTBEAT_NS.max(params.interval.as_nanos() as u64);
+        if !st.wants_send(&batch, rpingmesh_verbs::clock::monotonic_ns(), heartbeat_ns) {
+            continue;
+        }
         if registrar.ensure_registered().await.is_err() {
-            continue; // the registrar logs; the full sync follows registration
+            // The registrar logs; the full sync follows registration. The batch is not
+            // lost: a failed registration leaves the controller without our flows, and
+            // the full sync after it carries the whole table.
+            st.require_full();
+            continue;
         }
         let offset = boot_to_unix_offset_ns();
         let report = st.build(
             &params.agent_id,
-            tracer.take_changes(),
+            batch,
             || tracer.snapshot(),
             |f| to_proto_flow(f, &params.names, offset),
         );
@@ -434,6 +472,7 @@ pub async fn run_flow_reporter(
                     resync_required,
                     "service flows reported"
                 );
+                st.acked_at(rpingmesh_verbs::clock::monotonic_ns());
                 SendOutcome::Acked { resync_required }
             }
             Err(e) if e.is_not_found() => SendOutcome::NotFound,
@@ -621,6 +660,37 @@ mod tests {
             AfterSend::Wait
         );
         assert_eq!((st.reports(), st.full_syncs()), (3, 1));
+    }
+
+    #[test]
+    fn empty_reports_go_out_only_as_heartbeats() {
+        let hb = HEARTBEAT_NS;
+        let mut st = FlowReportState::new();
+        // Before the first full sync is acknowledged, always send.
+        assert!(st.wants_send(&ChangeBatch::default(), 0, hb));
+        st.build("a", ChangeBatch::default(), Vec::new, map);
+        st.on_outcome(SendOutcome::Acked {
+            resync_required: false,
+        });
+        st.acked_at(1_000);
+        // Nothing to say and the heartbeat not due: skip.
+        assert!(!st.wants_send(&ChangeBatch::default(), 1_000 + hb - 1, hb));
+        // A change goes out at once; so does a full batch.
+        assert!(st.wants_send(&incr(vec![FlowChange::Upsert(flow(1, "x"))]), 2_000, hb));
+        assert!(st.wants_send(
+            &ChangeBatch {
+                full: true,
+                changes: Vec::new()
+            },
+            2_000,
+            hb
+        ));
+        // The heartbeat comes due.
+        assert!(st.wants_send(&ChangeBatch::default(), 1_000 + hb, hb));
+        // Changes taken but not sent (registration failed): a full sync is owed.
+        st.require_full();
+        assert!(st.wants_send(&ChangeBatch::default(), 1_001, hb));
+        assert!(st.needs_full());
     }
 
     #[test]
