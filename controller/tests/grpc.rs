@@ -1,55 +1,22 @@
 //! In-process gRPC tests: a real tonic server on 127.0.0.1:0 and real clients.
 
-use std::collections::HashSet;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+mod common;
 
-use rpingmesh_controller::registry::SqliteRegistry;
-use rpingmesh_controller::service::ControllerState;
+use common::{full, harness, SEC};
+use std::collections::HashSet;
+use std::sync::atomic::Ordering;
+
 use rpingmesh_controller::telemetry::AnalyzerMetrics;
-use rpingmesh_controller::{start_with_state, ControllerConfig, ServerHandle};
+use rpingmesh_controller::ControllerConfig;
 use rpingmesh_proto::controller_agent::controller_service_client::ControllerServiceClient;
 use rpingmesh_proto::controller_agent::{
     AgentRegistrationRequest, PathSummary, PinglistRequest, PinglistType, ProbeAnalysisReport,
     RnicInfo,
 };
-use rpingmesh_proto::operator::operator_service_client::OperatorServiceClient;
 use rpingmesh_proto::operator::{
     ListPathsRequest, ListRnicsRequest, ListTorPairsRequest, ListViolationsRequest,
 };
-use tonic::transport::Channel;
 use tonic::Code;
-
-const SEC: u64 = 1_000_000_000;
-
-struct Harness {
-    server: ServerHandle,
-    clock: Arc<AtomicU64>,
-    ctl: ControllerServiceClient<Channel>,
-    op: OperatorServiceClient<Channel>,
-}
-
-async fn harness(cfg: ControllerConfig) -> Harness {
-    let clock = Arc::new(AtomicU64::new(1_000_000 * SEC));
-    let c = clock.clone();
-    let state = ControllerState::with_store(
-        &cfg,
-        Box::new(SqliteRegistry::open_in_memory().unwrap()),
-        AnalyzerMetrics::noop(),
-        Arc::new(move || c.load(Ordering::Relaxed)),
-    )
-    .unwrap();
-    let server = start_with_state(&cfg, Arc::new(state)).await.unwrap();
-    let url = format!("http://{}", server.local_addr);
-    let ctl = ControllerServiceClient::connect(url.clone()).await.unwrap();
-    let op = OperatorServiceClient::connect(url).await.unwrap();
-    Harness {
-        server,
-        clock,
-        ctl,
-        op,
-    }
-}
 
 fn test_config() -> ControllerConfig {
     ControllerConfig {
@@ -64,10 +31,6 @@ fn test_config() -> ControllerConfig {
 /// GID of RNIC `i` on ToR `t`, in a compressed form (the controller normalizes).
 fn gid(t: u32, i: u32) -> String {
     format!("fd00::{t}:{i}")
-}
-
-fn full(g: &str) -> String {
-    rpingmesh_proto::gid::normalize_gid(g).unwrap()
 }
 
 fn registration(t: u32, i: u32) -> AgentRegistrationRequest {

@@ -1,30 +1,17 @@
 //! Service paths over real gRPC: a tonic server on 127.0.0.1:0 and real clients.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+mod common;
 
-use rpingmesh_controller::registry::SqliteRegistry;
-use rpingmesh_controller::service::ControllerState;
-use rpingmesh_controller::telemetry::AnalyzerMetrics;
-use rpingmesh_controller::{start_with_state, ControllerConfig, ServerHandle};
-use rpingmesh_proto::controller_agent::controller_service_client::ControllerServiceClient;
+use common::{full, Harness, SEC};
+use std::sync::atomic::Ordering;
+
+use rpingmesh_controller::ControllerConfig;
 use rpingmesh_proto::controller_agent::{
     AgentRegistrationRequest, PathSummary, PinglistRequest, PinglistType, ProbeAnalysisReport,
     RnicInfo, ServiceFlow, ServiceFlowKey, ServiceFlowReport,
 };
-use rpingmesh_proto::operator::operator_service_client::OperatorServiceClient;
 use rpingmesh_proto::operator::{ListPathsRequest, ListServicePathsRequest, ListTorPairsRequest};
-use tonic::transport::Channel;
 use tonic::Code;
-
-const SEC: u64 = 1_000_000_000;
-
-struct Harness {
-    server: ServerHandle,
-    clock: Arc<AtomicU64>,
-    ctl: ControllerServiceClient<Channel>,
-    op: OperatorServiceClient<Channel>,
-}
 
 async fn harness() -> Harness {
     let cfg = ControllerConfig {
@@ -34,32 +21,12 @@ async fn harness() -> Harness {
         service_flow_ttl_sec: 60,
         ..Default::default()
     };
-    let clock = Arc::new(AtomicU64::new(1_000_000 * SEC));
-    let c = clock.clone();
-    let state = ControllerState::with_store(
-        &cfg,
-        Box::new(SqliteRegistry::open_in_memory().unwrap()),
-        AnalyzerMetrics::noop(),
-        Arc::new(move || c.load(Ordering::Relaxed)),
-    )
-    .unwrap();
-    let server = start_with_state(&cfg, Arc::new(state)).await.unwrap();
-    let url = format!("http://{}", server.local_addr);
-    Harness {
-        ctl: ControllerServiceClient::connect(url.clone()).await.unwrap(),
-        op: OperatorServiceClient::connect(url).await.unwrap(),
-        server,
-        clock,
-    }
+    common::harness(cfg).await
 }
 
 const GID_A: &str = "fd00::a:1";
 const GID_B: &str = "fd00::b:1";
 const GID_X: &str = "fd00::dead:beef"; // no agent
-
-fn full(g: &str) -> String {
-    rpingmesh_proto::gid::normalize_gid(g).unwrap()
-}
 
 fn registration(agent: &str, tor: &str, gid: &str, qpn: u32) -> AgentRegistrationRequest {
     AgentRegistrationRequest {
