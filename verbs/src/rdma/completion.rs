@@ -114,19 +114,30 @@ pub enum WcOutcome {
     },
 }
 
-/// The source address in a receive's GRH area. RoCE v2 over IPv4 is recognised by a
-/// valid IPv4 header (version 4, IHL 5, correct checksum) in bytes 20..40; otherwise the
-/// area must be an IPv6/IB GRH (version 6), whose source GID is bytes 8..24.
+/// The source address in a receive's GRH area, told apart the way rdma-core's
+/// `ibv_init_ah_from_wc` does. RoCE v2 over IPv4 puts the IPv4 header in bytes 20..40
+/// and leaves the first 20 undefined (zero on rxe and mlx5); an IPv6 / IB GRH starts
+/// with version 6 and holds the source GID in bytes 8..24.
+/// - First nibble not 6: IPv4 when byte 20 says version 4. The checksum is not required:
+///   soft-RoCE loops packets between its own GIDs without ever computing it.
+/// - First nibble 6: could still be IPv4 whose undefined bytes happen to start with 6;
+///   then only a valid IPv4 header (0x45, correct checksum) makes it IPv4.
 pub fn grh_source(grh: &[u8]) -> Result<Ipv6Addr, String> {
     if grh.len() < GRH_LEN {
         return Err(format!("GRH area is {} bytes, need {GRH_LEN}", grh.len()));
     }
     let ip4 = &grh[20..40];
-    if ip4[0] == 0x45 && ipv4_header_checksum_ok(ip4) {
+    let v6_version = grh[0] >> 4 == 6;
+    let is_v4 = if v6_version {
+        ip4[0] == 0x45 && ipv4_header_checksum_ok(ip4)
+    } else {
+        ip4[0] >> 4 == 4
+    };
+    if is_v4 {
         let src = Ipv4Addr::new(ip4[12], ip4[13], ip4[14], ip4[15]);
         return Ok(src.to_ipv6_mapped());
     }
-    if grh[0] >> 4 == 6 {
+    if v6_version {
         let mut g = [0u8; 16];
         g.copy_from_slice(&grh[8..24]);
         return Ok(Ipv6Addr::from(g));
@@ -458,6 +469,20 @@ pub(crate) mod tests {
         assert!(
             reason.starts_with("receive slot 4: GRH holds neither"),
             "{reason}"
+        );
+        // soft-RoCE loopback between two GIDs of one device: zeroed first 20 bytes and an
+        // IPv4 header whose checksum was never computed (the first real run lost every
+        // probe on this).
+        let mut g = grh_v4(
+            Ipv4Addr::new(198, 18, 0, 3),
+            Ipv4Addr::new(198, 18, 0, 1),
+            0,
+        );
+        g[30] = 0;
+        g[31] = 0;
+        assert_eq!(
+            grh_source(&g).unwrap().to_ipv4_mapped(),
+            Some(Ipv4Addr::new(198, 18, 0, 3))
         );
         // An IPv4 header with a bad checksum inside an IPv6-looking area falls back to v6.
         let mut g = grh_v4(Ipv4Addr::new(1, 2, 3, 4), Ipv4Addr::new(5, 6, 7, 8), 0x60);

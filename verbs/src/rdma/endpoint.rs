@@ -3,6 +3,7 @@
 
 use std::io;
 use std::net::IpAddr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -13,7 +14,7 @@ use tokio::sync::Notify;
 use super::ah_cache::{AhCache, AhKey};
 use super::completion::{translate, WcOutcome, WcRecord, WrKind};
 use super::error::RdmaError;
-use super::ffi::{self, Ah, AhSpec, Context, Cq, DeviceCaps, Mr, Pd, Qp};
+use super::ffi::{self, Ah, AhSpec, CompChannel, Context, Cq, DeviceCaps, Mr, Pd, Qp};
 use super::nic_clock::NicClock;
 use super::ring::{self, Consumer, Producer};
 use super::sysfs::{self, PortInfo};
@@ -22,9 +23,14 @@ use crate::{clock, Endpoint, SendId, SendParams, TransportEvent, VerbsError};
 
 /// Hop limit of every probe's GRH.
 const HOP_LIMIT: u8 = 64;
-/// How often the poller checks async events and the QP state.
+/// How often the poller checks the QP state and sysfs (async events wake it at once).
 const HEALTH_INTERVAL: Duration = Duration::from_millis(500);
 const POLL_BATCH: usize = 32;
+
+/// The largest power of two <= n (n >= 1).
+fn pow2_floor(n: u32) -> u32 {
+    1 << (31 - n.max(1).leading_zeros())
+}
 
 /// The devices to open: every RDMA device, filtered by `allowed_device_names`.
 pub fn list_devices(allowed: &[String]) -> Result<Vec<String>, VerbsError> {
@@ -53,7 +59,9 @@ pub fn device_info(name: &str, sysfs_dir: &std::path::Path) -> Result<DeviceInfo
     let extended_cq_timestamps = if caps.completion_timestamp_mask == 0 {
         Err("device reports completion_timestamp_mask 0".to_string())
     } else {
-        Cq::create_ex(&ctx, 16).map(drop).map_err(|e| e.to_string())
+        Cq::create_ex(&ctx, 16, None)
+            .map(drop)
+            .map_err(|e| e.to_string())
     };
     Ok(DeviceInfo {
         name: name.to_string(),
@@ -72,16 +80,25 @@ struct Shared {
     recv_mr: Mr,
     send_mr: Mr,
     cq: Arc<Cq>,
+    channel: Arc<CompChannel>,
     ctx: Arc<Context>,
     port: u8,
     sysfs_dir: std::path::PathBuf,
     notify: Notify,
     stop: AtomicBool,
+    /// Written by `Drop` to wake the poller out of poll(2).
+    wake: OwnedFd,
     failure: Mutex<Option<RdmaError>>,
     failed: AtomicBool,
     sends_completed: AtomicU64,
     malformed: AtomicU64,
     error_completions: AtomicU64,
+    /// Software timestamps only: CLOCK_MONOTONIC read just before each send was posted,
+    /// by send slot. It is the send's T2/T4: the packet leaves after it, so the network
+    /// interval (T3 - T2, T5 - T4) can only be over-, never under-estimated, whereas the
+    /// time the poller happens to see the send completion may lie after the peer's
+    /// receive.
+    sw_post_ts: Box<[AtomicU64]>,
 }
 
 impl Shared {
@@ -140,6 +157,9 @@ impl std::fmt::Debug for RdmaEndpoint {
 impl Drop for RdmaEndpoint {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
+        let one: u64 = 1;
+        // SAFETY: an 8-byte write to our own eventfd (a failure only delays the join).
+        unsafe { libc::write(self.shared.wake.as_raw_fd(), (&one as *const u64).cast(), 8) };
         if let Some(h) = self.poller.take() {
             let _ = h.join();
         }
@@ -182,15 +202,17 @@ impl RdmaEndpoint {
         }
         let caps: DeviceCaps = ctx.caps()?;
         let pd = Pd::alloc(&ctx)?;
-        let send_depth = o.send_queue_depth.min(caps.max_qp_wr.max(1));
+        // A power of two, so send slot = id % depth survives the u32 wrap of SendId.
+        let send_depth = pow2_floor(o.send_queue_depth.min(caps.max_qp_wr.max(1)));
         let recv_n = o.recv_buffers.min(caps.max_qp_wr.max(1));
         let cqe = (send_depth + recv_n).min(caps.max_cqe.max(1));
+        let channel = CompChannel::create(&ctx)?;
 
         let want_hw = !o.force_software_timestamps
             && caps.completion_timestamp_mask != 0
             && caps.hca_core_clock != 0;
         let (cq, ts_source) = if want_hw {
-            match Cq::create_ex(&ctx, cqe) {
+            match Cq::create_ex(&ctx, cqe, Some(&channel)) {
                 Ok(cq) => (
                     cq,
                     TimestampSource::Nic {
@@ -203,11 +225,17 @@ impl RdmaEndpoint {
                         "rdma device {}: extended CQ with completion timestamps unavailable ({e}); using CLOCK_MONOTONIC software timestamps",
                         o.device_name
                     );
-                    (Cq::create_plain(&ctx, cqe)?, TimestampSource::Software)
+                    (
+                        Cq::create_plain(&ctx, cqe, Some(&channel))?,
+                        TimestampSource::Software,
+                    )
                 }
             }
         } else {
-            (Cq::create_plain(&ctx, cqe)?, TimestampSource::Software)
+            (
+                Cq::create_plain(&ctx, cqe, Some(&channel))?,
+                TimestampSource::Software,
+            )
         };
 
         let qp = Qp::create_ud(&pd, &cq, o.port, QKEY, send_depth, recv_n)?;
@@ -233,16 +261,30 @@ impl RdmaEndpoint {
             gid: entry.gid,
             qpn: qp.qpn(),
         };
+        // SAFETY: plain syscall; the fd is owned by the OwnedFd from here on.
+        let wake = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if wake < 0 {
+            return Err(RdmaError::Verbs {
+                device: o.device_name.clone(),
+                call: "eventfd",
+                source: io::Error::last_os_error(),
+            });
+        }
+        // SAFETY: a fresh descriptor nobody else owns.
+        let wake = unsafe { OwnedFd::from_raw_fd(wake) };
         let shared = Arc::new(Shared {
             qp,
             recv_mr,
             send_mr,
             cq,
+            channel,
             ctx,
             port: o.port,
             sysfs_dir: o.sysfs_dir.clone(),
             notify: Notify::new(),
             stop: AtomicBool::new(false),
+            wake,
+            sw_post_ts: (0..send_depth).map(|_| AtomicU64::new(0)).collect(),
             failure: Mutex::new(None),
             failed: AtomicBool::new(false),
             sends_completed: AtomicU64::new(0),
@@ -255,8 +297,8 @@ impl RdmaEndpoint {
             out: producer,
             ts_source,
             nic_clock,
-            backoff: o.poll_backoff,
             recv_slots: recv_n,
+            send_depth: send_depth as u64,
         };
         let handle = std::thread::Builder::new()
             .name(format!("rdma-poll-{}", o.device_name))
@@ -396,9 +438,14 @@ impl RdmaEndpoint {
             .get_or_try_insert_with(key, |_| Ah::create(&self.pd, &spec))
             .map_err(io::Error::from)?;
         // Slot `posted % depth` was last used by send posted-depth, which has completed.
-        let off = (posted % self.send_depth) as usize * MAX_PAYLOAD;
+        let slot = (posted % self.send_depth) as usize;
+        let off = slot * MAX_PAYLOAD;
         self.shared.send_mr.write(off, payload);
         let id = posted as SendId;
+        if self.ts_source == TimestampSource::Software {
+            // Read after the AH lookup (which may block), right before the post.
+            self.shared.sw_post_ts[slot].store(clock::monotonic_ns(), Ordering::Release);
+        }
         let r = self.shared.qp.post_send_ud(
             ah,
             to.qpn,
@@ -453,44 +500,140 @@ struct Poller {
     out: Producer<TransportEvent>,
     ts_source: TimestampSource,
     nic_clock: Option<NicClock>,
-    backoff: super::PollBackoff,
     recv_slots: u32,
+    send_depth: u64,
+}
+
+/// Which of the poller's descriptors poll(2) found readable.
+#[derive(Default)]
+struct Ready {
+    cq: bool,
+    async_event: bool,
 }
 
 impl Poller {
+    /// Sleeps on the completion channel, never spins: drain the CQ, arm it, drain once
+    /// more (a completion that landed before the arm raises no event), then wait in
+    /// poll(2) for the channel, the async-event fd or the stop eventfd. The software
+    /// timestamp of a receive is read right after the wake-up, with no back-off sleep
+    /// in between.
     fn run(mut self) {
         let mut batch: Vec<(WcRecord, Option<u64>)> = Vec::with_capacity(POLL_BATCH);
         let mut slot_buf = vec![0u8; RECV_SLOT_LEN];
-        let mut idle: u32 = 0;
         let mut next_health = Instant::now() + HEALTH_INTERVAL;
-        while !self.shared.stop.load(Ordering::Acquire)
-            && !self.shared.failed.load(Ordering::Acquire)
-        {
-            batch.clear();
-            let n = match self.shared.cq.poll(POLL_BATCH, &mut batch) {
-                Ok(n) => n,
+        loop {
+            if self.shared.stop.load(Ordering::Acquire)
+                || self.shared.failed.load(Ordering::Acquire)
+            {
+                break;
+            }
+            if self.drain(&mut batch, &mut slot_buf).is_err() {
+                break;
+            }
+            if let Err(e) = self.shared.cq.arm() {
+                self.shared.fail(e);
+                break;
+            }
+            match self.drain(&mut batch, &mut slot_buf) {
+                Err(()) => break,
+                Ok(n) if n > 0 => continue,
+                Ok(_) => {}
+            }
+            let timeout = next_health.saturating_duration_since(Instant::now());
+            let ready = match self.wait(timeout) {
+                Ok(r) => r,
                 Err(e) => {
-                    self.shared.fail(e);
+                    self.shared.fail(RdmaError::Verbs {
+                        device: self.shared.ctx.name().to_string(),
+                        call: "poll(completion channel)",
+                        source: e,
+                    });
                     break;
                 }
             };
+            if ready.cq {
+                if let Err(e) = self.shared.channel.drain_events() {
+                    self.shared.fail(e);
+                    break;
+                }
+            }
+            if ready.async_event || Instant::now() >= next_health {
+                next_health = Instant::now() + HEALTH_INTERVAL;
+                self.health_check();
+            }
+        }
+    }
+
+    /// Waits up to `timeout` for the CQ channel, async events or the stop eventfd.
+    fn wait(&self, timeout: Duration) -> io::Result<Ready> {
+        let mut fds = [
+            libc::pollfd {
+                fd: self.shared.channel.fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: self.shared.ctx.async_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: self.shared.wake.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: `fds` is a live array of 3 pollfds.
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EINTR) {
+                return Ok(Ready::default());
+            }
+            return Err(e);
+        }
+        Ok(Ready {
+            cq: fds[0].revents != 0,
+            async_event: fds[1].revents != 0,
+        })
+    }
+
+    /// Polls the CQ until it is empty, delivering every completion. Err after a failure
+    /// (already recorded in `shared`).
+    fn drain(
+        &mut self,
+        batch: &mut Vec<(WcRecord, Option<u64>)>,
+        slot_buf: &mut [u8],
+    ) -> Result<usize, ()> {
+        let mut total = 0;
+        let mut delivered = false;
+        loop {
+            batch.clear();
+            let n = match self.shared.cq.poll(POLL_BATCH, batch) {
+                Ok(n) => n,
+                Err(e) => {
+                    self.shared.fail(e);
+                    return Err(());
+                }
+            };
             let sw_ts = clock::monotonic_ns();
-            let mut delivered = false;
             for (mut rec, raw) in batch.drain(..) {
-                rec.ts_ns = self.timestamp(raw, sw_ts);
-                let slot = match WrKind::from_wr_id(rec.wr_id) {
+                let kind = WrKind::from_wr_id(rec.wr_id);
+                rec.ts_ns = self.timestamp(kind, raw, sw_ts);
+                let slot = match kind {
                     WrKind::Recv(s) if s < self.recv_slots => {
                         self.shared
                             .recv_mr
-                            .read(s as usize * RECV_SLOT_LEN, &mut slot_buf);
+                            .read(s as usize * RECV_SLOT_LEN, slot_buf);
                         Some(s)
                     }
                     _ => None,
                 };
-                if matches!(WrKind::from_wr_id(rec.wr_id), WrKind::Send(_)) {
+                if matches!(kind, WrKind::Send(_)) {
                     self.shared.sends_completed.fetch_add(1, Ordering::Release);
                 }
-                let buf: &[u8] = if slot.is_some() { &slot_buf } else { &[] };
+                let buf: &[u8] = if slot.is_some() { slot_buf } else { &[] };
                 match translate(&rec, buf) {
                     WcOutcome::Event { event, repost } => {
                         // A full ring drops (and counts) rather than stall the CQ.
@@ -515,25 +658,21 @@ impl Poller {
                     }
                 }
             }
-            if delivered {
-                self.shared.notify.notify_one();
-            }
-            if n > 0 {
-                idle = 0;
-            } else {
-                idle = idle.saturating_add(1);
-                if let Some(d) = self.backoff.sleep_for(idle) {
-                    std::thread::sleep(d);
-                }
-            }
-            if Instant::now() >= next_health {
-                next_health = Instant::now() + HEALTH_INTERVAL;
-                self.health_check();
+            total += n;
+            if n < POLL_BATCH {
+                break;
             }
         }
+        if delivered {
+            self.shared.notify.notify_one();
+        }
+        if self.shared.failed.load(Ordering::Acquire) {
+            return Err(());
+        }
+        Ok(total)
     }
 
-    fn timestamp(&mut self, raw: Option<u64>, sw_ts: u64) -> u64 {
+    fn timestamp(&mut self, kind: WrKind, raw: Option<u64>, sw_ts: u64) -> u64 {
         match (self.ts_source, raw) {
             (TimestampSource::Nic { khz, mask }, Some(ticks)) => {
                 let c = self.nic_clock.get_or_insert_with(|| {
@@ -541,7 +680,18 @@ impl Poller {
                 });
                 c.convert_tracking(ticks)
             }
-            _ => sw_ts,
+            _ => match kind {
+                WrKind::Send(id) => {
+                    let slot = (id as u64 % self.send_depth) as usize;
+                    let posted = self.shared.sw_post_ts[slot].load(Ordering::Acquire);
+                    if posted != 0 && posted <= sw_ts {
+                        posted
+                    } else {
+                        sw_ts
+                    }
+                }
+                WrKind::Recv(_) => sw_ts,
+            },
         }
     }
 
@@ -618,6 +768,15 @@ mod tests {
         assert!(!e.contains('\n'));
         let e = list_devices(&["nosuch".into()]).unwrap_err().to_string();
         assert!(e.starts_with("no RDMA devices: "), "{e}");
+    }
+
+    #[test]
+    fn send_depth_rounds_down_to_a_power_of_two() {
+        assert_eq!(pow2_floor(1), 1);
+        assert_eq!(pow2_floor(256), 256);
+        assert_eq!(pow2_floor(300), 256);
+        assert_eq!(pow2_floor(u32::MAX), 1 << 31);
+        assert_eq!(pow2_floor(0), 1);
     }
 
     #[test]

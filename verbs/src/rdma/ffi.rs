@@ -202,12 +202,18 @@ impl Context {
         Ok(Ipv6Addr::from(unsafe { gid.raw }))
     }
 
+    /// The async-event fd (readable when an async event is pending).
+    pub fn async_fd(&self) -> i32 {
+        // SAFETY: valid context.
+        unsafe { (*self.ctx.as_ptr()).async_fd }
+    }
+
     /// Non-blocking read of one async event: (event type, name). Sets the async fd to
     /// O_NONBLOCK on first use.
     pub fn poll_async_event(&self) -> Option<(u32, &'static str)> {
         // SAFETY: async_fd is a descriptor owned by the context; fcntl on it is harmless.
         unsafe {
-            let fd = (*self.ctx.as_ptr()).async_fd;
+            let fd = self.async_fd();
             let fl = libc::fcntl(fd, libc::F_GETFL);
             if fl >= 0 && fl & libc::O_NONBLOCK == 0 {
                 libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK);
@@ -286,6 +292,85 @@ impl Pd {
     }
 }
 
+/// A completion channel: the fd the poller thread sleeps on until the CQ has work, so an
+/// idle endpoint costs no CPU and a completion is seen the moment the kernel signals it.
+pub struct CompChannel {
+    ch: NonNull<ibv_comp_channel>,
+    ctx: Arc<Context>,
+}
+
+// SAFETY: see the module doc; only the poller thread reads events from it.
+unsafe impl Send for CompChannel {}
+unsafe impl Sync for CompChannel {}
+
+impl Drop for CompChannel {
+    fn drop(&mut self) {
+        // SAFETY: the CQ bound to it holds an Arc of it, so the CQ is destroyed already.
+        unsafe { ibv_destroy_comp_channel(self.ch.as_ptr()) };
+    }
+}
+
+impl CompChannel {
+    /// Creates a channel whose fd is non-blocking (the poller waits with poll(2)).
+    pub fn create(ctx: &Arc<Context>) -> Result<Arc<CompChannel>, RdmaError> {
+        // SAFETY: valid context.
+        let ch = unsafe { ibv_create_comp_channel(ctx.ctx.as_ptr()) };
+        let ch = NonNull::new(ch).ok_or_else(|| {
+            verbs_err(
+                &ctx.name,
+                "ibv_create_comp_channel",
+                io::Error::last_os_error(),
+            )
+        })?;
+        let me = CompChannel {
+            ch,
+            ctx: ctx.clone(),
+        };
+        set_nonblocking(me.fd())
+            .map_err(|e| verbs_err(&ctx.name, "fcntl(comp channel, O_NONBLOCK)", e))?;
+        Ok(Arc::new(me))
+    }
+
+    pub fn fd(&self) -> i32 {
+        // SAFETY: valid channel.
+        unsafe { (*self.ch.as_ptr()).fd }
+    }
+
+    /// Reads every pending CQ event and acknowledges it. Returns how many there were
+    /// (0 when the fd had nothing: the read would block).
+    pub fn drain_events(&self) -> Result<u32, RdmaError> {
+        let mut n = 0;
+        loop {
+            let mut cq = ptr::null_mut();
+            let mut cq_ctx = ptr::null_mut();
+            // SAFETY: valid channel; out-pointers are locals.
+            let r = unsafe { ibv_get_cq_event(self.ch.as_ptr(), &mut cq, &mut cq_ctx) };
+            if r != 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::WouldBlock || e.raw_os_error() == Some(libc::EINTR) {
+                    return Ok(n);
+                }
+                return Err(verbs_err(&self.ctx.name, "ibv_get_cq_event", e));
+            }
+            // SAFETY: `cq` is the CQ the event was for; acknowledged once per event, as
+            // ibv_destroy_cq requires.
+            unsafe { ibv_ack_cq_events(cq, 1) };
+            n += 1;
+        }
+    }
+}
+
+fn set_nonblocking(fd: i32) -> io::Result<()> {
+    // SAFETY: fcntl on a descriptor we own.
+    unsafe {
+        let fl = libc::fcntl(fd, libc::F_GETFL);
+        if fl < 0 || libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
 enum CqPtr {
     Ex(NonNull<ibv_cq_ex>),
     Plain(NonNull<ibv_cq>),
@@ -295,6 +380,7 @@ enum CqPtr {
 pub struct Cq {
     cq: CqPtr,
     ctx: Arc<Context>,
+    _channel: Option<Arc<CompChannel>>,
 }
 
 // SAFETY: see the module doc; polling happens from the one poller thread.
@@ -314,11 +400,16 @@ impl Drop for Cq {
 }
 
 impl Cq {
-    /// An extended CQ reporting completion timestamps.
-    pub fn create_ex(ctx: &Arc<Context>, cqe: u32) -> Result<Arc<Cq>, io::Error> {
+    /// An extended CQ reporting completion timestamps, signalling `channel` when armed.
+    pub fn create_ex(
+        ctx: &Arc<Context>,
+        cqe: u32,
+        channel: Option<&Arc<CompChannel>>,
+    ) -> Result<Arc<Cq>, io::Error> {
         // SAFETY: zeroed plain struct, filled below; the call copies it.
         let mut attr: ibv_cq_init_attr_ex = unsafe { std::mem::zeroed() };
         attr.cqe = cqe;
+        attr.channel = channel.map_or(ptr::null_mut(), |c| c.ch.as_ptr());
         attr.wc_flags = (ibv_create_cq_wc_flags::IBV_WC_EX_WITH_BYTE_LEN
             | ibv_create_cq_wc_flags::IBV_WC_EX_WITH_SRC_QP
             | ibv_create_cq_wc_flags::IBV_WC_EX_WITH_COMPLETION_TIMESTAMP)
@@ -328,6 +419,7 @@ impl Cq {
             Some(p) => Ok(Arc::new(Cq {
                 cq: CqPtr::Ex(p),
                 ctx: ctx.clone(),
+                _channel: channel.cloned(),
             })),
             None => {
                 let e = io::Error::last_os_error();
@@ -341,14 +433,18 @@ impl Cq {
         }
     }
 
-    pub fn create_plain(ctx: &Arc<Context>, cqe: u32) -> Result<Arc<Cq>, RdmaError> {
-        // SAFETY: valid context; no channel, no context pointer.
+    pub fn create_plain(
+        ctx: &Arc<Context>,
+        cqe: u32,
+        channel: Option<&Arc<CompChannel>>,
+    ) -> Result<Arc<Cq>, RdmaError> {
+        // SAFETY: valid context and channel (kept alive by the Arc the CQ holds).
         let p = unsafe {
             ibv_create_cq(
                 ctx.ctx.as_ptr(),
                 cqe as i32,
                 ptr::null_mut(),
-                ptr::null_mut(),
+                channel.map_or(ptr::null_mut(), |c| c.ch.as_ptr()),
                 0,
             )
         };
@@ -357,7 +453,15 @@ impl Cq {
         Ok(Arc::new(Cq {
             cq: CqPtr::Plain(p),
             ctx: ctx.clone(),
+            _channel: channel.cloned(),
         }))
+    }
+
+    /// Arms the CQ: the next completion signals its channel once.
+    pub fn arm(&self) -> Result<(), RdmaError> {
+        // SAFETY: valid CQ (an extended CQ is armed through its ibv_cq view).
+        let r = unsafe { ibv_req_notify_cq(self.as_cq(), 0) };
+        rc(&self.ctx.name, "ibv_req_notify_cq", r)
     }
 
     fn as_cq(&self) -> *mut ibv_cq {

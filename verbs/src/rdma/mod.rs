@@ -37,35 +37,6 @@ pub const RECV_SLOT_LEN: usize = completion::GRH_LEN + completion::PAYLOAD_LEN;
 /// Largest payload `send` accepts.
 pub const MAX_PAYLOAD: usize = completion::PAYLOAD_LEN;
 
-/// How the poller thread waits when the CQ is empty: `spin_polls` empty polls in a row,
-/// then sleeps doubling from 1 us up to `max_sleep`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PollBackoff {
-    pub spin_polls: u32,
-    pub max_sleep: Duration,
-}
-
-impl Default for PollBackoff {
-    fn default() -> Self {
-        PollBackoff {
-            spin_polls: 2_000,
-            max_sleep: Duration::from_micros(200),
-        }
-    }
-}
-
-impl PollBackoff {
-    /// Sleep after `idle` consecutive empty polls (None = keep spinning).
-    pub fn sleep_for(&self, idle: u32) -> Option<Duration> {
-        if idle < self.spin_polls {
-            return None;
-        }
-        let exp = (idle - self.spin_polls).min(20);
-        let us = (1u64 << exp).min(self.max_sleep.as_micros().max(1) as u64);
-        Some(Duration::from_micros(us))
-    }
-}
-
 /// Everything needed to open one RNIC endpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RdmaOptions {
@@ -80,12 +51,12 @@ pub struct RdmaOptions {
     pub traffic_class: u8,
     /// Pre-posted receive buffers.
     pub recv_buffers: u32,
-    /// Send queue depth (sends in flight before `send` returns WouldBlock).
+    /// Send queue depth (sends in flight before `send` returns WouldBlock); rounded down
+    /// to a power of two.
     pub send_queue_depth: u32,
     pub ah_cache_capacity: usize,
     /// Events buffered between the poller thread and the agent.
     pub event_ring_capacity: usize,
-    pub poll_backoff: PollBackoff,
     /// `/sys/class/infiniband` (a fixture tree in tests).
     pub sysfs_dir: PathBuf,
     /// Use CLOCK_MONOTONIC software timestamps even when the NIC has a clock.
@@ -104,7 +75,6 @@ impl RdmaOptions {
             send_queue_depth: 256,
             ah_cache_capacity: 4096,
             event_ring_capacity: 8192,
-            poll_backoff: PollBackoff::default(),
             sysfs_dir: PathBuf::from(sysfs::SYSFS_CLASS_DIR),
             force_software_timestamps: false,
         }
@@ -225,7 +195,8 @@ impl Default for Backoff {
 pub enum TimestampSource {
     /// NIC completion timestamps (extended CQ), converted at `khz`.
     Nic { khz: u64, mask: u64 },
-    /// CLOCK_MONOTONIC read by the poller when it polls the completion.
+    /// CLOCK_MONOTONIC: for a receive, read by the poller as it wakes for the completion;
+    /// for a send, read just before it is posted.
     Software,
 }
 
@@ -404,20 +375,6 @@ mod tests {
         assert_eq!(b.attempts(), 6);
         b.reset();
         assert_eq!(b.next_delay(), Duration::from_millis(100));
-    }
-
-    #[test]
-    fn poll_backoff_spins_then_sleeps_up_to_the_cap() {
-        let p = PollBackoff {
-            spin_polls: 3,
-            max_sleep: Duration::from_micros(50),
-        };
-        assert_eq!(p.sleep_for(0), None);
-        assert_eq!(p.sleep_for(2), None);
-        assert_eq!(p.sleep_for(3), Some(Duration::from_micros(1)));
-        assert_eq!(p.sleep_for(5), Some(Duration::from_micros(4)));
-        assert_eq!(p.sleep_for(9), Some(Duration::from_micros(50)));
-        assert_eq!(p.sleep_for(u32::MAX), Some(Duration::from_micros(50)));
     }
 
     #[test]
