@@ -327,12 +327,18 @@ impl GidResolver for AgentGidResolver {
         match self.devices.get(device)? {
             LocalDevice::Udp { gid } => Some(gid.octets()),
             LocalDevice::Rdma => {
-                // Read on each connect (not per probe): a GID table may change with IPs.
-                let info = sysfs::read_port(&self.sysfs_dir, device, port.max(1) as u32).ok()?;
-                info.gids
-                    .iter()
-                    .find(|g| g.index == sgid_index as u32)
-                    .map(|g| g.gid.octets())
+                // One sysfs entry per connect, never the whole table: QP churn calls this
+                // hundreds of times a second, on the tracer's task. Read each time (not
+                // cached): a GID table changes with the host's IP addresses.
+                sysfs::read_gid(
+                    &self.sysfs_dir,
+                    device,
+                    port.max(1) as u32,
+                    sgid_index as u32,
+                )
+                .ok()
+                .flatten()
+                .map(|g| g.octets())
             }
         }
     }

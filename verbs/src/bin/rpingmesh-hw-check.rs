@@ -4,7 +4,10 @@
 //! with the 6-timestamp arithmetic and prints the RTT table. Exit 1 with one clear line
 //! when there is no RDMA device.
 //!
-//! Usage: rpingmesh-hw-check [--port P] [--gid-index N] [--count N] [DEVICE ...]
+//! Usage: rpingmesh-hw-check [--port P] [--gid-index N[,M]] [--count N] [--interval-ms MS]
+//!        [DEVICE ...]
+//! (`--gid-index N,M`: the second endpoint on GID index M, e.g. two GIDs of one device;
+//! `--interval-ms` spaces the probes as an agent does; 0 = back to back.)
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -16,7 +19,10 @@ use rpingmesh_verbs::{Endpoint, SendId, SendParams, TransportEvent};
 struct Args {
     port: u8,
     gid_index: u32,
+    /// GID index of the second endpoint (default: the same).
+    peer_gid_index: Option<u32>,
     count: u32,
+    interval_ms: u64,
     devices: Vec<String>,
 }
 
@@ -24,7 +30,9 @@ fn parse_args(argv: impl IntoIterator<Item = String>) -> Result<Args, String> {
     let mut a = Args {
         port: 1,
         gid_index: 0,
+        peer_gid_index: None,
         count: 20,
+        interval_ms: 0,
         devices: Vec::new(),
     };
     let mut it = argv.into_iter();
@@ -40,17 +48,28 @@ fn parse_args(argv: impl IntoIterator<Item = String>) -> Result<Args, String> {
                     u8::try_from(num("--port")?).map_err(|_| "--port: out of range".to_string())?
             }
             "--gid-index" => {
-                a.gid_index = u32::try_from(num("--gid-index")?)
-                    .map_err(|_| "--gid-index: out of range".to_string())?
+                let v = it.next().ok_or("--gid-index needs a value")?;
+                let idx = |t: &str| -> Result<u32, String> {
+                    t.parse()
+                        .map_err(|_| format!("--gid-index: {v:?} is not N or N,M"))
+                };
+                match v.split_once(',') {
+                    Some((x, y)) => {
+                        a.gid_index = idx(x)?;
+                        a.peer_gid_index = Some(idx(y)?);
+                    }
+                    None => a.gid_index = idx(&v)?,
+                }
             }
             "--count" => {
                 a.count = u32::try_from(num("--count")?)
                     .map_err(|_| "--count: out of range".to_string())?
                     .max(1)
             }
+            "--interval-ms" => a.interval_ms = num("--interval-ms")?.min(60_000),
             "-h" | "--help" => {
                 return Err(
-                    "usage: rpingmesh-hw-check [--port P] [--gid-index N] [--count N] [DEVICE ...]"
+                    "usage: rpingmesh-hw-check [--port P] [--gid-index N[,M]] [--count N] [--interval-ms MS] [DEVICE ...]"
                         .into(),
                 )
             }
@@ -134,13 +153,14 @@ fn report(args: Args, devices: Vec<String>) -> ExitCode {
             .cloned()
             .unwrap_or_else(|| devices[0].clone()),
     );
-    let open = |d: &str| {
+    let open = |d: &str, gid_index: u32| {
         let mut o = RdmaOptions::new(d);
         o.port = args.port;
-        o.gid_index = args.gid_index;
+        o.gid_index = gid_index;
         rdma::open_rdma_with(&o)
     };
-    let (a, b) = match (open(&da), open(&db)) {
+    let peer_gid = args.peer_gid_index.unwrap_or(args.gid_index);
+    let (a, b) = match (open(&da, args.gid_index), open(&db, peer_gid)) {
         (Ok(a), Ok(b)) => (a, b),
         (Err(e), _) | (_, Err(e)) => {
             eprintln!("rpingmesh-hw-check: loopback probe: {e}");
@@ -156,7 +176,12 @@ fn report(args: Args, devices: Vec<String>) -> ExitCode {
         b.local().qpn,
         b.timestamp_source()
     );
-    let result = rt.block_on(probe_loop(&a, &b, args.count));
+    let result = rt.block_on(probe_loop(
+        &a,
+        &b,
+        args.count,
+        Duration::from_millis(args.interval_ms),
+    ));
     match result {
         Ok(mut rtts) => {
             rtts.sort_unstable();
@@ -226,11 +251,19 @@ async fn await_pair(
     Ok((tx, rx))
 }
 
-async fn probe_loop(a: &RdmaEndpoint, b: &RdmaEndpoint, count: u32) -> Result<Vec<u64>, String> {
+async fn probe_loop(
+    a: &RdmaEndpoint,
+    b: &RdmaEndpoint,
+    count: u32,
+    interval: Duration,
+) -> Result<Vec<u64>, String> {
     let params = SendParams::default();
     let (mut ea, mut eb) = (Vec::new(), Vec::new());
     let mut rtts = Vec::new();
     for seq in 0..count {
+        if seq > 0 && !interval.is_zero() {
+            tokio::time::sleep(interval).await;
+        }
         let mut payload = [0u8; 40];
         payload[..4].copy_from_slice(&seq.to_be_bytes());
         let id = a
@@ -270,9 +303,22 @@ mod tests {
 
     #[test]
     fn arguments() {
-        let a = parse_args(argv("--port 2 --gid-index 3 --count 5 mlx5_0 mlx5_1")).unwrap();
-        assert_eq!((a.port, a.gid_index, a.count), (2, 3, 5));
+        let a = parse_args(argv(
+            "--port 2 --gid-index 3 --count 5 --interval-ms 100 mlx5_0 mlx5_1",
+        ))
+        .unwrap();
+        assert_eq!(
+            (a.port, a.gid_index, a.count, a.interval_ms),
+            (2, 3, 5, 100)
+        );
+        assert_eq!(a.peer_gid_index, None);
         assert_eq!(a.devices, vec!["mlx5_0", "mlx5_1"]);
+        let b = parse_args(argv("--gid-index 1,2 rxe0")).unwrap();
+        assert_eq!((b.gid_index, b.peer_gid_index), (1, Some(2)));
+        assert_eq!(
+            parse_args(argv("--gid-index 1,x")).err().unwrap(),
+            "--gid-index: \"1,x\" is not N or N,M"
+        );
         assert_eq!(
             parse_args(argv("--port")).err().unwrap(),
             "--port needs a value"

@@ -250,6 +250,28 @@ pub fn list_ports(class_dir: &Path, device: &str) -> Result<Vec<u32>, RdmaError>
     Ok(ports)
 }
 
+/// Reads one GID table entry (`ports/<port>/gids/<index>`): None when the entry is empty
+/// or absent. One small file, where `read_port` reads the whole table (1024 entries on
+/// soft-RoCE): this is the per-event lookup.
+pub fn read_gid(
+    class_dir: &Path,
+    device: &str,
+    port: u32,
+    index: u32,
+) -> Result<Option<Ipv6Addr>, RdmaError> {
+    let path = class_dir
+        .join(device)
+        .join("ports")
+        .join(port.to_string())
+        .join("gids")
+        .join(index.to_string());
+    match read_text(&path) {
+        Ok(t) => parse_gid(&t).map_err(|r| bad(&path, r)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(bad(&path, e.to_string())),
+    }
+}
+
 /// Reads one port: state and the whole GID table. Unreadable or malformed GID files are
 /// skipped and listed in `bad_files`; a missing port or unreadable state is an error.
 pub fn read_port(class_dir: &Path, device: &str, port: u32) -> Result<PortInfo, RdmaError> {
@@ -492,6 +514,18 @@ mod tests {
             e.to_string(),
             "device nosuch has no port 1 (ports present: [])"
         );
+    }
+
+    #[test]
+    fn single_gid_entries_are_read_alone() {
+        let root = fixtures().join("bad");
+        // gids/2 is a good entry, gids/1 garbage, gids/9 absent.
+        let full = read_port(&root, "rxe0", 1).unwrap();
+        let two = full.gids.iter().find(|e| e.index == 2).unwrap().gid;
+        assert_eq!(read_gid(&root, "rxe0", 1, 2).unwrap(), Some(two));
+        assert!(read_gid(&root, "rxe0", 1, 1).is_err());
+        assert_eq!(read_gid(&root, "rxe0", 1, 9).unwrap(), None);
+        assert_eq!(read_gid(&root, "nosuch", 1, 0).unwrap(), None);
     }
 
     #[test]
