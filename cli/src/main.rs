@@ -417,6 +417,11 @@ async fn run(cli: Cli) -> Result<(), String> {
                         "monitored": p.monitored, "flow_label": p.flow_label,
                         "service_level": p.service_level, "traffic_class": p.traffic_class,
                         "flows": p.flows,
+                        "qps": p.qps.iter().map(|q| json!({
+                            "local_qpn": q.local_qpn, "remote_qpn": q.remote_qpn,
+                            "pid": q.pid, "comm": q.comm,
+                            "first_seen_unix_ns": q.first_seen_unix_ns,
+                        })).collect::<Vec<_>>(),
                         "latest": p.latest.as_ref().map(summary_json),
                     })
                 }));
@@ -436,8 +441,14 @@ async fn run(cli: Cli) -> Result<(), String> {
                     ("LOSS%", true),
                     ("RTT_P50_US", true),
                     ("RTT_P99_US", true),
+                    ("QPS (local->remote pid/comm)", false),
                 ]);
                 for p in &paths {
+                    let qps: Vec<String> = p
+                        .qps
+                        .iter()
+                        .map(|q| format!("{}->{} {}/{}", q.local_qpn, q.remote_qpn, q.pid, q.comm))
+                        .collect();
                     let (probes, loss, p50, p99) = match &p.latest {
                         Some(s) => (
                             s.probe_total.to_string(),
@@ -462,6 +473,7 @@ async fn run(cli: Cli) -> Result<(), String> {
                         loss,
                         p50,
                         p99,
+                        qps.join(", "),
                     ]);
                 }
                 print!("{}", t.render());

@@ -144,6 +144,7 @@ async fn cli_lists_service_paths_of_a_real_controller() {
         "2.50",
         "4.2",
         "12.5",
+        "100->900 0/nccl-test, 101->900 0/nccl-test",
     ] {
         assert!(row_b.contains(want), "{want} missing in {row_b:?}");
     }
@@ -174,6 +175,9 @@ async fn cli_lists_service_paths_of_a_real_controller() {
     assert_eq!(rows.len(), 1, "{out}");
     assert_eq!(rows[0]["target_gid"], GID_B);
     assert_eq!(rows[0]["flows"], 2);
+    assert_eq!(rows[0]["qps"][1]["local_qpn"], 101);
+    assert_eq!(rows[0]["qps"][1]["remote_qpn"], 900);
+    assert_eq!(rows[0]["qps"][1]["comm"], "nccl-test");
     assert_eq!(rows[0]["monitored"], true);
     assert_eq!(rows[0]["flow_label"], 0x12345);
     assert_eq!(rows[0]["latest"]["probe_failed"], 5);

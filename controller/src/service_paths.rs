@@ -14,7 +14,7 @@ use rpingmesh_proto::controller_agent::{
     PingTarget, PinglistType, ServiceFlow, ServiceFlowKey, ServiceFlowReport,
 };
 use rpingmesh_proto::gid::normalize_gid;
-use rpingmesh_proto::operator::ServicePath;
+use rpingmesh_proto::operator::{ServicePath, ServicePathQp};
 
 use crate::pinglist::is_active;
 use crate::registry::RegistryIndex;
@@ -401,7 +401,7 @@ impl ServicePathTable {
         now_unix_ns: u64,
     ) -> Vec<ServicePath> {
         type Key<'a> = (&'a str, &'a str, &'a str, u32, u32, u32);
-        let mut groups: BTreeMap<Key<'_>, (&str, u32)> = BTreeMap::new();
+        let mut groups: BTreeMap<Key<'_>, (&str, Vec<ServicePathQp>)> = BTreeMap::new();
         for (agent_id, a) in &self.agents {
             if !self.is_live(a, now_unix_ns) {
                 continue;
@@ -422,11 +422,22 @@ impl ServicePathTable {
                     f.service_level,
                     f.traffic_class,
                 );
-                groups.entry(key).or_insert((agent_id.as_str(), 0)).1 += 1;
+                groups
+                    .entry(key)
+                    .or_insert((agent_id.as_str(), Vec::new()))
+                    .1
+                    .push(ServicePathQp {
+                        local_qpn: f.local_qpn,
+                        remote_qpn: f.remote_qpn,
+                        pid: f.pid,
+                        comm: f.comm.clone(),
+                        first_seen_unix_ns: f.first_seen_unix_ns,
+                    });
             }
         }
         let mut out = Vec::with_capacity(groups.len());
-        for ((service, src, dst, label, sl, tc), (agent_id, flows)) in groups {
+        for ((service, src, dst, label, sl, tc), (agent_id, mut qps)) in groups {
+            qps.sort_by_key(|q| q.local_qpn);
             let source_tor_id = index
                 .rnic(src)
                 .map(|r| r.tor_id.clone())
@@ -450,8 +461,9 @@ impl ServicePathTable {
                 flow_label: label,
                 traffic_class: tc,
                 service_level: sl,
-                flows,
+                flows: qps.len() as u32,
                 latest: None,
+                qps,
             });
         }
         out
