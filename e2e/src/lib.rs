@@ -21,6 +21,8 @@ use rpingmesh_proto::operator::operator_service_client::OperatorServiceClient;
 use rpingmesh_proto::operator::{ListPathsRequest, ListRnicsRequest, RnicStatus};
 use tonic::transport::Channel;
 
+pub mod vm;
+
 pub const CONTROLLER_BIN: &str = "rpingmesh-controller";
 pub const AGENT_BIN: &str = "rpingmesh-agent";
 /// The probe port every agent binds (the Go version's default).
@@ -166,6 +168,14 @@ impl Proc {
 
     pub fn stdout(&self) -> String {
         read_lossy(&self.stdout_path)
+    }
+
+    /// Sends `sig` (e.g. SIGKILL) if the process still runs; `wait_exit` reaps it.
+    pub fn signal(&mut self, sig: libc::c_int) {
+        if self.poll_exit().is_none() {
+            // SAFETY: signalling our own child, which has not been reaped yet.
+            unsafe { libc::kill(self.child.id() as libc::pid_t, sig) };
+        }
     }
 
     /// Stops the process: SIGTERM, up to 3 s grace, then SIGKILL.

@@ -4,6 +4,7 @@ mod bench;
 mod build_ebpf;
 mod demo;
 mod procs;
+mod vm;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -33,6 +34,9 @@ enum Cmd {
     /// On an RDMA host (or soft-RoCE): open every device, print GID tables, timestamp
     /// support and a loopback probe RTT. Fails with one clear line where there is no RDMA.
     HwCheck,
+    /// The soft-RoCE VM tier alone: install qemu, a Debian kernel and virtme-ng, build,
+    /// and run e2e/tests/vm_rdma.rs (one guest, every scenario). Part of `test` too.
+    VmTest,
 }
 
 fn main() -> ExitCode {
@@ -44,6 +48,7 @@ fn main() -> ExitCode {
         Cmd::Bench(a) => bench::run(a),
         Cmd::BuildEbpf => build_ebpf::build_ebpf(&root()).map(|obj| println!("{}", obj.display())),
         Cmd::HwCheck => hw_check(),
+        Cmd::VmTest => vm::vm_test(),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,
@@ -99,7 +104,7 @@ pub fn is_root() -> bool {
 }
 
 /// What the tests, demo and the rdma build need: (what, present?, Debian package, why).
-struct Need {
+pub(crate) struct Need {
     what: &'static str,
     present: fn() -> bool,
     package: &'static str,
@@ -163,7 +168,7 @@ const NEEDED: &[Need] = &[
     },
 ];
 
-fn have_tool(tool: &str) -> bool {
+pub(crate) fn have_tool(tool: &str) -> bool {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
         .chain(["/usr/sbin", "/sbin", "/usr/bin", "/bin"].map(PathBuf::from))
@@ -184,13 +189,18 @@ fn have_libclang() -> bool {
     .any(|e| e.file_name().to_string_lossy().starts_with("libclang"))
 }
 
-/// Installs what is missing (root) or says how to (not root).
+/// Installs what the tests and demo need and is missing (root) or says how to (not root).
 pub fn deps() -> Result<()> {
-    let missing: Vec<&Need> = NEEDED.iter().filter(|n| !(n.present)()).collect();
+    install_needs("deps", NEEDED)
+}
+
+/// Installs every missing package of `needs` with apt-get (root), or prints the command.
+pub(crate) fn install_needs(what: &str, needs: &[Need]) -> Result<()> {
+    let missing: Vec<&Need> = needs.iter().filter(|n| !(n.present)()).collect();
     if missing.is_empty() {
         eprintln!(
-            "xtask deps: all system packages present ({})",
-            NEEDED
+            "xtask {what}: all system packages present ({})",
+            needs
                 .iter()
                 .map(|n| n.package)
                 .collect::<Vec<_>>()
@@ -202,13 +212,13 @@ pub fn deps() -> Result<()> {
     pkgs.dedup();
     for n in &missing {
         eprintln!(
-            "xtask deps: `{}` is missing: installing package {} ({})",
+            "xtask {what}: `{}` is missing: installing package {} ({})",
             n.what, n.package, n.why
         );
     }
     if !is_root() {
         eprintln!(
-            "xtask deps: not root, installing nothing; run `sudo apt-get install -y {}` \
+            "xtask {what}: not root, installing nothing; run `sudo apt-get install -y {}` \
              (root-only tests are skipped meanwhile)",
             pkgs.join(" ")
         );
@@ -241,24 +251,15 @@ pub fn deps() -> Result<()> {
 
 /// The one feature set tests build with: the rdma backend compiled in (it must build in
 /// CI even though no RDMA device exists here).
-const TEST_FEATURES: &str = "rpingmesh-agent/rdma,rpingmesh-verbs/rdma";
+const TEST_FEATURES: &str = "rpingmesh-agent/rdma,rpingmesh-verbs/rdma,rdma-qp-churn/rdma";
 
 fn test() -> Result<()> {
     deps()?;
+    // The VM tier runs inside `cargo test --workspace` (e2e/tests/vm_rdma.rs).
+    vm::ensure_test_bed()?;
     // Before the workspace build: service-tracer embeds the object it finds at build time.
     build_ebpf::build_ebpf(&root())?;
-    let mut build = cargo();
-    build.args([
-        "build",
-        "--workspace",
-        "--all-targets",
-        "--features",
-        TEST_FEATURES,
-    ]);
-    run_streamed(
-        build,
-        &format!("cargo build --workspace --all-targets --features {TEST_FEATURES}"),
-    )?;
+    build_for_tests()?;
     let mut t = cargo();
     t.args([
         "test",
@@ -295,6 +296,22 @@ fn test() -> Result<()> {
         bail!("{what} failed ({st})");
     }
     Ok(())
+}
+
+/// Builds every target with the test features (the e2e and VM tests run the binaries).
+pub(crate) fn build_for_tests() -> Result<()> {
+    let mut build = cargo();
+    build.args([
+        "build",
+        "--workspace",
+        "--all-targets",
+        "--features",
+        TEST_FEATURES,
+    ]);
+    run_streamed(
+        build,
+        &format!("cargo build --workspace --all-targets --features {TEST_FEATURES}"),
+    )
 }
 
 /// Sums libtest's `test result:` lines.

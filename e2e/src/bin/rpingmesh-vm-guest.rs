@@ -1,0 +1,1063 @@
+//! The guest half of the VM tier (see `rpingmesh_e2e::vm`). Runs as root inside Debian's
+//! stock kernel under qemu, with the host's filesystem shared in: sets up soft-RoCE
+//! devices, starts the real controller, agents and RDMA programs, and records what it
+//! observes (operator-API answers, `rdma res show qp` ground truth, times) in one JSON file
+//! per scenario. It asserts nothing: the host test does, on these files.
+//!
+//! Usage: rpingmesh-vm-guest --out DIR [--only SCENARIO[,SCENARIO]]
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use rpingmesh_e2e::vm::*;
+use rpingmesh_e2e::*;
+use rpingmesh_proto::controller_agent::{PathSummary, PinglistRequest, PinglistType};
+use rpingmesh_proto::operator::{ListServicePathsRequest, ServicePath};
+use serde_json::{json, Value};
+
+fn main() {
+    let mut out: Option<PathBuf> = None;
+    let mut only: Option<Vec<String>> = None;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--out" => out = args.next().map(PathBuf::from),
+            "--only" => {
+                only = args
+                    .next()
+                    .map(|s| s.split(',').map(String::from).collect())
+            }
+            _ => {
+                eprintln!("rpingmesh-vm-guest: unknown argument {a:?}");
+                std::process::exit(2);
+            }
+        }
+    }
+    let Some(out) = out else {
+        eprintln!("rpingmesh-vm-guest: --out DIR is required");
+        std::process::exit(2);
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let mut facts = json!({});
+    if let Err(e) = rt.block_on(prepare(&mut facts)) {
+        facts["error"] = json!(format!("{e:#}"));
+    }
+    write_json(&out.join("guest.json"), &facts);
+    for name in SCENARIOS {
+        if only.as_ref().is_some_and(|o| !o.iter().any(|s| s == name)) {
+            continue;
+        }
+        let started = Instant::now();
+        let dir = out.join(name);
+        let _ = std::fs::create_dir_all(&dir);
+        eprintln!("vm-guest: scenario {name} ...");
+        let r = rt.block_on(async {
+            match name {
+                "ud_probing" => ud_probing(&dir).await,
+                "service_kprobe" => service_tracing(&dir, "auto").await,
+                "service_uprobe" => service_tracing(&dir, "uprobe").await,
+                _ => bail!("unknown scenario"),
+            }
+        });
+        let mut v = match r {
+            Ok(v) => v,
+            Err(e) => json!({ "error": format!("{e:#}") }),
+        };
+        v["elapsed_ms"] = json!(started.elapsed().as_millis() as u64);
+        eprintln!(
+            "vm-guest: scenario {name} done in {} ms{}",
+            started.elapsed().as_millis(),
+            v.get("error")
+                .map(|e| format!(" (error: {e})"))
+                .unwrap_or_default()
+        );
+        write_json(&result_file(&out, name), &v);
+    }
+    let _ = std::fs::write(out.join(DONE_FILE), b"done\n");
+}
+
+fn write_json(p: &Path, v: &Value) {
+    let _ = std::fs::write(p, serde_json::to_vec_pretty(v).unwrap_or_default());
+}
+
+/// Runs a command, failing with its output when it fails.
+fn sh(args: &[&str]) -> Result<String> {
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .with_context(|| format!("running {args:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{args:?} failed ({}): {}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn sysctl(key: &str, value: &str) -> Result<()> {
+    sh(&["sysctl", "-qw", &format!("{key}={value}")]).map(drop)
+}
+
+/// Kernel facts and the module the scenarios need.
+async fn prepare(facts: &mut Value) -> Result<()> {
+    facts["kernel"] = json!(sh(&["uname", "-r"])?.trim());
+    sh(&["modprobe", "rdma_rxe"])?;
+    sh(&["ip", "link", "set", "lo", "up"])?;
+    let kallsyms = std::fs::read_to_string("/proc/kallsyms").unwrap_or_default();
+    let syms: Vec<&str> = [
+        "ib_create_qp_user",
+        "ib_modify_qp_with_udata",
+        "ib_destroy_qp_user",
+    ]
+    .into_iter()
+    .filter(|s| {
+        kallsyms
+            .lines()
+            .any(|l| l.split_whitespace().nth(2) == Some(*s))
+    })
+    .collect();
+    facts["kprobe_symbols"] = json!(syms);
+    facts["kprobe_pmu"] = json!(Path::new("/sys/bus/event_source/devices/kprobe/type").exists());
+    facts["ib_core_btf"] = json!(Path::new("/sys/kernel/btf/ib_core").exists());
+    Ok(())
+}
+
+/// The GID table of `device` port 1: (index, GID text) of every non-zero entry.
+fn gid_table(device: &str) -> Vec<(u32, String)> {
+    let dir = format!("/sys/class/infiniband/{device}/ports/1/gids");
+    let mut v = Vec::new();
+    for i in 0..64u32 {
+        let Ok(g) = std::fs::read_to_string(format!("{dir}/{i}")) else {
+            break;
+        };
+        let g = g.trim();
+        if g.is_empty() || g == "0000:0000:0000:0000:0000:0000:0000:0000" {
+            continue;
+        }
+        v.push((i, g.to_string()));
+    }
+    v
+}
+
+/// Waits until every GID in `want` is in `device`'s table; returns gid -> index.
+fn wait_gids(device: &str, want: &[String]) -> Result<BTreeMap<String, u32>> {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let t: BTreeMap<String, u32> = gid_table(device).into_iter().map(|(i, g)| (g, i)).collect();
+        if want.iter().all(|g| t.contains_key(g)) {
+            return Ok(t);
+        }
+        if Instant::now() >= deadline {
+            bail!("{device}: GIDs {want:?} not all present after 15 s; table {t:?}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `rdma res show qp` as JSON (the ground truth of which QPs exist).
+fn res_qp() -> Value {
+    sh(&["rdma", "-j", "res", "show", "qp"])
+        .ok()
+        .and_then(|s| serde_json::from_str(&s).ok())
+        .unwrap_or(Value::Null)
+}
+
+fn summary_json(s: &PathSummary) -> Value {
+    json!({
+        "source_gid": s.source_gid, "source_tor_id": s.source_tor_id,
+        "target_gid": s.target_gid, "target_tor_id": s.target_tor_id,
+        "target_qpn": s.target_qpn,
+        "window_start_unix_ns": s.window_start_unix_ns,
+        "window_duration_ms": s.window_duration_ms,
+        "probe_total": s.probe_total, "probe_success": s.probe_success,
+        "probe_failed": s.probe_failed, "invalid_rtt_count": s.invalid_rtt_count,
+        "network_rtt_min_ns": s.network_rtt_min_ns, "network_rtt_p50_ns": s.network_rtt_p50_ns,
+        "network_rtt_p99_ns": s.network_rtt_p99_ns, "network_rtt_max_ns": s.network_rtt_max_ns,
+        "prober_delay_p50_ns": s.prober_delay_p50_ns,
+        "responder_delay_p50_ns": s.responder_delay_p50_ns,
+        "pinglist_type": PinglistType::try_from(s.pinglist_type)
+            .map(|t| t.as_str_name()).unwrap_or("?"),
+        "service": s.service,
+    })
+}
+
+fn service_path_json(p: &ServicePath) -> Value {
+    json!({
+        "service": p.service,
+        "source_gid": p.source_gid, "source_agent_id": p.source_agent_id,
+        "target_gid": p.target_gid, "monitored": p.monitored,
+        "flow_label": p.flow_label, "traffic_class": p.traffic_class,
+        "service_level": p.service_level, "flows": p.flows,
+        "qps": p.qps.iter().map(|q| json!({
+            "local_qpn": q.local_qpn, "remote_qpn": q.remote_qpn, "pid": q.pid,
+            "comm": q.comm, "first_seen_unix_ns": q.first_seen_unix_ns,
+        })).collect::<Vec<_>>(),
+        "latest": p.latest.as_ref().map(summary_json),
+    })
+}
+
+/// The first JSON log line of `log` whose message is `message`, as a value.
+fn log_line(log: &str, message: &str) -> Option<Value> {
+    log.lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["fields"]["message"] == message)
+}
+
+/// Waits until the controller lists `n` RNICs.
+async fn wait_rnics(endpoint: &str, n: usize, timeout: Duration) -> Result<()> {
+    let ok = wait_for(timeout, Duration::from_millis(200), || async {
+        let mut op = operator(endpoint).await.ok()?;
+        let r = list_rnics(&mut op).await.ok()?;
+        (r.len() >= n).then_some(())
+    })
+    .await;
+    ok.with_context(|| format!("fewer than {n} RNICs registered at {endpoint} after {timeout:?}"))
+}
+
+fn rdma_agent(
+    dir: &Path,
+    id: &str,
+    tor: &str,
+    ctl: &Controller,
+    device: &str,
+    gid_index: u32,
+    extra: &[(&str, String)],
+) -> Result<Proc> {
+    let mut args: Vec<String> = [
+        ("--agent-id", id.to_string()),
+        ("--tor-id", tor.to_string()),
+        ("--controller-addr", ctl.addr.to_string()),
+        ("--transport", "rdma".into()),
+        ("--allowed-device-names", device.into()),
+        ("--gid-index", gid_index.to_string()),
+        ("--metrics-enabled", "false".into()),
+        ("--log-level", "info".into()),
+    ]
+    .into_iter()
+    .flat_map(|(k, v)| [k.to_string(), v])
+    .collect();
+    for (k, v) in extra {
+        args.push(k.to_string());
+        args.push(v.clone());
+    }
+    Proc::spawn(dir, id, None, &bin(AGENT_BIN), &args)
+}
+
+// ------------------------------------------------------------------------- UD probing
+
+/// Agents on one rxe device, one GID each: four IPv4-mapped GIDs in two ToRs under one
+/// controller, two IPv6 GIDs in a third ToR under another (RoCE v2 cannot carry a probe
+/// between an IPv4 and an IPv6 GID). Every agent probes for `UD_PROBE_SECS`; the result
+/// holds every window the controllers received.
+/// Then, with the agents stopped, the timestamp accuracy of the rdma endpoint: its
+/// network RTT back to back (`rpingmesh-hw-check`) against libibverbs' own UD
+/// ping-pong between the same two GIDs (sparse probes on an idle TCG guest mostly measure
+/// how long a halted vCPU takes to wake, for any program alike).
+async fn ud_probing(dir: &Path) -> Result<Value> {
+    sh(&[
+        "ip", "link", "add", UD_NETDEV, "type", "veth", "peer", "name", "vudp",
+    ])?;
+    for ip in UD_V4 {
+        sh(&["ip", "addr", "add", &format!("{ip}/24"), "dev", UD_NETDEV])?;
+    }
+    for ip in UD_V6 {
+        sh(&[
+            "ip",
+            "-6",
+            "addr",
+            "add",
+            &format!("{ip}/64"),
+            "dev",
+            UD_NETDEV,
+            "nodad",
+        ])?;
+    }
+    sh(&["ip", "link", "set", UD_NETDEV, "up"])?;
+    sh(&["ip", "link", "set", "vudp", "up"])?;
+    sh(&[
+        "rdma", "link", "add", UD_DEVICE, "type", "rxe", "netdev", UD_NETDEV,
+    ])?;
+    let want: Vec<String> = UD_V4
+        .iter()
+        .map(|ip| v4_gid(*ip))
+        .chain(UD_V6.iter().map(|ip| v6_gid(ip)))
+        .collect();
+    let table = wait_gids(UD_DEVICE, &want)?;
+
+    let ctl4 = spawn_controller(
+        dir,
+        "controller-v4",
+        None,
+        "127.0.0.1:0",
+        &["--metrics-enabled", "false"],
+    )?;
+    let ctl6 = spawn_controller(
+        dir,
+        "controller-v6",
+        None,
+        "127.0.0.1:0",
+        &["--metrics-enabled", "false"],
+    )?;
+    let common = [
+        ("--service-tracing-mode", "off".to_string()),
+        ("--analysis-window-sec", "3".into()),
+        ("--pinglist-update-interval-sec", "5".into()),
+    ];
+    let mut agents = Vec::new();
+    let mut plan = Vec::new();
+    for (i, ip) in UD_V4.iter().enumerate() {
+        let gid = v4_gid(*ip);
+        let id = format!("ud-v4-{}", i + 1);
+        agents.push(rdma_agent(
+            dir,
+            &id,
+            UD_V4_TORS[i],
+            &ctl4,
+            UD_DEVICE,
+            table[&gid],
+            &common,
+        )?);
+        plan.push(json!({"agent": id, "gid": gid, "gid_index": table[&gid], "tor": UD_V4_TORS[i], "family": "v4"}));
+    }
+    for (i, ip) in UD_V6.iter().enumerate() {
+        let gid = v6_gid(ip);
+        let id = format!("ud-v6-{}", i + 1);
+        agents.push(rdma_agent(
+            dir,
+            &id,
+            UD_V6_TOR,
+            &ctl6,
+            UD_DEVICE,
+            table[&gid],
+            &common,
+        )?);
+        plan.push(json!({"agent": id, "gid": gid, "gid_index": table[&gid], "tor": UD_V6_TOR, "family": "v6"}));
+    }
+    wait_rnics(&ctl4.endpoint(), UD_V4.len(), Duration::from_secs(60)).await?;
+    wait_rnics(&ctl6.endpoint(), UD_V6.len(), Duration::from_secs(60)).await?;
+    let probing_from = unix_ns_now();
+    tokio::time::sleep(Duration::from_secs(UD_PROBE_SECS)).await;
+    let res = res_qp();
+
+    // Stopping flushes the open windows to the controllers.
+    for a in &mut agents {
+        a.stop();
+    }
+    let mut windows = Vec::new();
+    for ctl in [&ctl4, &ctl6] {
+        let mut op = operator(&ctl.endpoint()).await?;
+        windows.extend(dedupe(all_windows(&mut op).await?).iter().map(summary_json));
+    }
+    let agent_logs: BTreeMap<String, Value> = agents
+        .iter()
+        .map(|a| {
+            let log = a.stderr();
+            let errors: Vec<&str> = log
+                .lines()
+                .filter(|l| l.contains("\"level\":\"ERROR\"") || l.contains("\"level\":\"WARN\""))
+                .take(20)
+                .collect();
+            (
+                a.name.clone(),
+                json!({ "warnings_and_errors": errors, "tail": tail_lines(&log, 5) }),
+            )
+        })
+        .collect();
+    drop(agents);
+    let (ga, gb) = (table[&v4_gid(UD_V4[0])], table[&v4_gid(UD_V4[1])]);
+    let endpoint_rtt = hw_check_rtt(dir, ga, gb);
+    let ud_pingpong = ud_pingpong_reference(dir, ga, gb);
+    Ok(json!({
+        "device": UD_DEVICE,
+        "gid_table": table,
+        "agents": plan,
+        "probing_from_unix_ns": probing_from,
+        "endpoint_rtt": endpoint_rtt,
+        "windows": windows,
+        "ud_pingpong": ud_pingpong,
+        "res_qp": res,
+        "agent_logs": agent_logs,
+    }))
+}
+
+/// `rpingmesh-hw-check` between two GID indexes of the UD device: 300 probes back to back
+/// through two `RdmaEndpoint`s, network RTT (T5-T2)-(T4-T3) in ns.
+fn hw_check_rtt(dir: &Path, gid_a: u32, gid_b: u32) -> Value {
+    let run = || -> Result<Value> {
+        let mut p = Proc::spawn(
+            dir,
+            "hw-check",
+            None,
+            &bin("rpingmesh-hw-check"),
+            &[
+                "--gid-index",
+                &format!("{gid_a},{gid_b}"),
+                "--count",
+                "300",
+                UD_DEVICE,
+            ]
+            .map(String::from),
+        )?;
+        p.wait_exit(Duration::from_secs(120))
+            .context("hw-check did not finish")?;
+        let out = p.stdout();
+        // "<path> <probes> <min_ns> <p50_ns> <p99_ns> <max_ns>" after the header.
+        let row: Vec<u64> = out
+            .lines()
+            .skip_while(|l| !l.starts_with("path"))
+            .nth(1)
+            .map(|l| {
+                l.split_whitespace()
+                    .skip(1)
+                    .filter_map(|w| w.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        if row.len() != 5 {
+            bail!("no RTT row in hw-check output: {out}{}", p.stderr());
+        }
+        Ok(
+            json!({"probes": row[0], "min_ns": row[1], "p50_ns": row[2], "p99_ns": row[3], "max_ns": row[4]}),
+        )
+    };
+    run().unwrap_or_else(|e| json!({ "error": format!("{e:#}") }))
+}
+
+/// `ibv_ud_pingpong` between two GID indexes of the UD device, busy-polling and (`-e`)
+/// sleeping on completion events like the agent: each one's usec/iter.
+fn ud_pingpong_reference(dir: &Path, gid_a: u32, gid_b: u32) -> Value {
+    let run = |events: bool, port: u16| -> Result<Value> {
+        let mut common: Vec<String> = [
+            "-d",
+            UD_DEVICE,
+            "-p",
+            &port.to_string(),
+            "-n",
+            "1000",
+            "-s",
+            "40",
+        ]
+        .map(String::from)
+        .into();
+        if events {
+            common.push("-e".into());
+        }
+        let tag = if events { "events" } else { "busy" };
+        let mut a = common.clone();
+        a.extend(["-g".into(), gid_a.to_string()]);
+        let mut server = Proc::spawn(
+            dir,
+            &format!("ud_pingpong-{tag}-server"),
+            None,
+            Path::new("ibv_ud_pingpong"),
+            &a,
+        )?;
+        wait_listening(port, Duration::from_secs(20))?;
+        let mut b = common;
+        b.extend(["-g".into(), gid_b.to_string(), "127.0.0.1".into()]);
+        let mut client = Proc::spawn(
+            dir,
+            &format!("ud_pingpong-{tag}-client"),
+            None,
+            Path::new("ibv_ud_pingpong"),
+            &b,
+        )?;
+        client.wait_exit(Duration::from_secs(60));
+        server.wait_exit(Duration::from_secs(5));
+        let text = client.stdout();
+        let usec = text
+            .lines()
+            .find(|l| l.contains("usec/iter"))
+            .and_then(|l| l.split_whitespace().rev().nth(1)?.parse::<f64>().ok());
+        Ok(json!({ "usec_per_iter": usec, "output": text, "stderr": client.stderr() }))
+    };
+    let err = |e: anyhow::Error| json!({ "error": format!("{e:#}") });
+    json!({
+        "busy": run(false, 18777).unwrap_or_else(err),
+        "events": run(true, 18778).unwrap_or_else(err),
+    })
+}
+
+/// Waits until an RDMA-CM id listens on `port` (`rdma res show cm_id`).
+fn wait_cm_listening(port: u16, timeout: Duration) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let t = sh(&["rdma", "res", "show", "cm_id"]).unwrap_or_default();
+        if t.lines()
+            .any(|l| l.contains("LISTEN") && l.contains(&format!(":{port} ")))
+        {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            bail!("no RDMA-CM listener on port {port} after {timeout:?}: {t}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Waits until something listens on TCP `port` (the verbs example programs exchange
+/// their QP numbers over TCP; a client started before the server listens gives up).
+fn wait_listening(port: u16, timeout: Duration) -> Result<()> {
+    let hex = format!(":{port:04X}");
+    let deadline = Instant::now() + timeout;
+    loop {
+        for f in ["/proc/net/tcp", "/proc/net/tcp6"] {
+            let t = std::fs::read_to_string(f).unwrap_or_default();
+            // Fields: sl local_address rem_address st ...; 0A = LISTEN.
+            if t.lines().any(|l| {
+                let mut w = l.split_whitespace();
+                let local = w.nth(1).unwrap_or("");
+                local.ends_with(&hex) && w.nth(1) == Some("0A")
+            }) {
+                return Ok(());
+            }
+        }
+        if Instant::now() >= deadline {
+            bail!("nothing listens on TCP port {port} after {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+// --------------------------------------------------------------------- service tracing
+
+/// Two rxe devices behind a bridge, one per "host" address, with policy routing so that
+/// traffic between the two local addresses leaves by its own device and crosses the
+/// bridge (notes/rdma-vm.md). Idempotent: the second service scenario reuses it.
+fn svc_network() -> Result<BTreeMap<String, u32>> {
+    if Path::new(&format!("/sys/class/infiniband/{}", SVC_DEVICES[1])).exists() {
+        return wait_gids(SVC_DEVICES[1], &[v4_gid(SVC_IPS[1])])
+            .and_then(|_| wait_gids(SVC_DEVICES[0], &[v4_gid(SVC_IPS[0])]));
+    }
+    sh(&["ip", "link", "add", "brs", "type", "bridge"])?;
+    sh(&["ip", "link", "set", "brs", "up"])?;
+    for k in ["all", "default"] {
+        sysctl(&format!("net.ipv4.conf.{k}.accept_local"), "1")?;
+        sysctl(&format!("net.ipv4.conf.{k}.rp_filter"), "0")?;
+    }
+    sysctl("net.ipv4.conf.all.arp_ignore", "1")?;
+    sysctl("net.ipv4.conf.all.arp_announce", "2")?;
+    if !sh(&["ip", "rule", "show"])?.contains("100:\tfrom all lookup local") {
+        sh(&["ip", "rule", "add", "pref", "100", "lookup", "local"])?;
+        sh(&["ip", "rule", "del", "pref", "0"])?;
+    }
+    for i in 0..2 {
+        let (v, p, ip) = (SVC_NETDEVS[i], format!("{}p", SVC_NETDEVS[i]), SVC_IPS[i]);
+        sh(&["ip", "link", "add", v, "type", "veth", "peer", "name", &p])?;
+        sh(&["ip", "link", "set", &p, "master", "brs"])?;
+        sh(&["ip", "addr", "add", &format!("{ip}/24"), "dev", v])?;
+        sysctl(&format!("net.ipv4.conf.{v}.accept_local"), "1")?;
+        sysctl(&format!("net.ipv4.conf.{v}.rp_filter"), "0")?;
+        sh(&["ip", "link", "set", v, "up"])?;
+        sh(&["ip", "link", "set", &p, "up"])?;
+        let table = (20 + i).to_string();
+        sh(&[
+            "ip",
+            "route",
+            "add",
+            "198.18.2.0/24",
+            "dev",
+            v,
+            "src",
+            &ip.to_string(),
+            "table",
+            &table,
+        ])?;
+        sh(&[
+            "ip",
+            "rule",
+            "add",
+            "pref",
+            "10",
+            "from",
+            &ip.to_string(),
+            "iif",
+            "lo",
+            "lookup",
+            &table,
+        ])?;
+        sh(&[
+            "rdma",
+            "link",
+            "add",
+            SVC_DEVICES[i],
+            "type",
+            "rxe",
+            "netdev",
+            v,
+        ])?;
+    }
+    let mut all = BTreeMap::new();
+    for i in 0..2 {
+        let t = wait_gids(SVC_DEVICES[i], &[v4_gid(SVC_IPS[i])])?;
+        all.insert(SVC_DEVICES[i].to_string(), t[&v4_gid(SVC_IPS[i])]);
+    }
+    Ok(all)
+}
+
+fn svc_gid_index(device: usize) -> u32 {
+    gid_table(SVC_DEVICES[device])
+        .into_iter()
+        .find(|(_, g)| *g == v4_gid(SVC_IPS[device]))
+        .map(|(i, _)| i)
+        .unwrap_or(1)
+}
+
+async fn service_paths(endpoint: &str) -> Vec<ServicePath> {
+    let Ok(mut op) = operator(endpoint).await else {
+        return Vec::new();
+    };
+    op.list_service_paths(ListServicePathsRequest::default())
+        .await
+        .map(|r| r.into_inner().paths)
+        .unwrap_or_default()
+}
+
+/// Samples the controller's service paths every 100 ms until `done(paths)` or `timeout`;
+/// returns the matching sample and when it was taken.
+async fn watch_paths(
+    endpoint: &str,
+    timeout: Duration,
+    done: impl Fn(&[ServicePath]) -> bool,
+) -> Option<(u64, Vec<ServicePath>)> {
+    wait_for(timeout, Duration::from_millis(100), || async {
+        let p = service_paths(endpoint).await;
+        done(&p).then(|| (unix_ns_now(), p))
+    })
+    .await
+}
+
+fn of_service<'a>(paths: &'a [ServicePath], comm: &str) -> Vec<&'a ServicePath> {
+    paths
+        .iter()
+        .filter(|p| p.qps.iter().any(|q| q.comm == comm))
+        .collect()
+}
+
+/// The SERVICE pinglist the controller hands `agent` for `gid` right now.
+async fn service_pinglist(endpoint: &str, agent: &str, tor: &str, gid: &str) -> Value {
+    let Ok(mut c) = controller_client(endpoint).await else {
+        return Value::Null;
+    };
+    match c
+        .get_pinglist(PinglistRequest {
+            agent_id: agent.into(),
+            tor_id: tor.into(),
+            requester_gid: gid.into(),
+            r#type: PinglistType::Service as i32,
+        })
+        .await
+    {
+        Ok(r) => json!(r
+            .into_inner()
+            .targets
+            .iter()
+            .map(
+                |t| json!({"target_gid": t.target_gid, "flow_label": t.flow_label,
+                             "flow_label_count": t.flow_label_count, "service": t.service})
+            )
+            .collect::<Vec<_>>()),
+        Err(e) => json!({ "error": e.message() }),
+    }
+}
+
+/// One service program's life: started, learned, probed, ended. `start` launches it and
+/// returns the processes and the time the QPs were connected (when the program says so);
+/// `end` destroys its QPs ("destroy") or kills it with -9 ("kill").
+struct ServiceRun<'a> {
+    endpoint: &'a str,
+    comm: &'static str,
+    /// Service paths expected (one per QP side).
+    paths: usize,
+}
+
+impl ServiceRun<'_> {
+    /// Waits for the listing, the ground truth, successful SERVICE probes; returns the
+    /// observations so far.
+    async fn observe(&self, started_unix_ns: u64) -> Value {
+        let mut v = json!({ "started_unix_ns": started_unix_ns, "comm": self.comm });
+        let want = self.paths;
+        let comm = self.comm;
+        let listed = watch_paths(self.endpoint, Duration::from_secs(60), |p| {
+            let ps = of_service(p, comm);
+            ps.len() >= want && ps.iter().all(|p| p.monitored)
+        })
+        .await;
+        let Some((at, paths)) = listed else {
+            v["error"] = json!(format!(
+                "{} service paths of {comm} not listed within 60 s; last: {:?}",
+                want,
+                service_paths(self.endpoint)
+                    .await
+                    .iter()
+                    .map(service_path_json)
+                    .collect::<Vec<_>>()
+            ));
+            return v;
+        };
+        v["listed_unix_ns"] = json!(at);
+        v["paths"] = json!(of_service(&paths, comm)
+            .into_iter()
+            .map(service_path_json)
+            .collect::<Vec<_>>());
+        v["res_qp"] = res_qp();
+        // SERVICE probes of every path succeed (the analyzer window joined to the path).
+        let probed = watch_paths(self.endpoint, Duration::from_secs(60), |p| {
+            let ps = of_service(p, comm);
+            ps.len() >= want
+                && ps.iter().all(|p| {
+                    p.latest
+                        .as_ref()
+                        .is_some_and(|s| s.probe_total > 0 && s.probe_success > 0)
+                })
+        })
+        .await;
+        match probed {
+            Some((at, paths)) => {
+                v["probed_unix_ns"] = json!(at);
+                v["probed_paths"] = json!(of_service(&paths, comm)
+                    .into_iter()
+                    .map(service_path_json)
+                    .collect::<Vec<_>>());
+            }
+            None => {
+                v["probe_error"] = json!("SERVICE probes of every path did not succeed within 60 s")
+            }
+        }
+        v
+    }
+
+    /// After the QPs went away at `ended_unix_ns`: when the paths disappeared.
+    async fn gone(&self, v: &mut Value, ended_unix_ns: u64) {
+        v["ended_unix_ns"] = json!(ended_unix_ns);
+        let comm = self.comm;
+        match watch_paths(self.endpoint, Duration::from_secs(30), |p| {
+            of_service(p, comm).is_empty()
+        })
+        .await
+        {
+            Some((at, _)) => v["gone_unix_ns"] = json!(at),
+            None => v["gone_error"] = json!("paths still listed 30 s after the QPs went away"),
+        }
+    }
+}
+
+/// A process driven line by line on stdin/stdout (rdma-qp-churn); killed on drop.
+struct Driven {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    out: BufReader<std::process::ChildStdout>,
+}
+
+impl Driven {
+    fn spawn(program: &Path, args: &[String], stderr: &Path) -> Result<Driven> {
+        let mut cmd = Command::new(program);
+        cmd.args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(stderr)?);
+        die_with_parent(&mut cmd);
+        let mut child = cmd
+            .spawn()
+            .with_context(|| format!("spawning {}", program.display()))?;
+        let stdin = child.stdin.take();
+        let out = BufReader::new(child.stdout.take().expect("piped"));
+        Ok(Driven { child, stdin, out })
+    }
+
+    fn line(&mut self, prefix: &str) -> Result<Vec<String>> {
+        let mut l = String::new();
+        self.out.read_line(&mut l)?;
+        if !l.starts_with(prefix) {
+            bail!("expected a {prefix:?} line, got {l:?}");
+        }
+        Ok(l.split_whitespace().skip(1).map(String::from).collect())
+    }
+
+    fn say(&mut self, s: &str) -> Result<()> {
+        let w = self.stdin.as_mut().context("stdin closed")?;
+        writeln!(w, "{s}")?;
+        w.flush()?;
+        Ok(())
+    }
+}
+
+impl Drop for Driven {
+    fn drop(&mut self) {
+        drop(self.stdin.take());
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Service tracing with agents in `mode` (auto = kprobes on this kernel, or uprobe) against
+/// three real libibverbs programs: ibv_rc_pingpong and rping (RDMA-CM) ended with -9, and
+/// rdma-qp-churn (hundreds of QPs created and destroyed, then held pairs destroyed cleanly).
+async fn service_tracing(dir: &Path, mode: &str) -> Result<Value> {
+    svc_network()?;
+    let gid_idx = [svc_gid_index(0), svc_gid_index(1)];
+    let gids = [v4_gid(SVC_IPS[0]), v4_gid(SVC_IPS[1])];
+    let ctl = spawn_controller(
+        dir,
+        "controller",
+        None,
+        "127.0.0.1:0",
+        &["--metrics-enabled", "false"],
+    )?;
+    let ep = ctl.endpoint();
+    let extra = [
+        ("--service-tracing-mode", mode.to_string()),
+        (
+            "--service-flow-report-interval-ms",
+            REPORT_INTERVAL_MS.to_string(),
+        ),
+        ("--analysis-window-sec", "2".into()),
+        ("--pinglist-update-interval-sec", "5".into()),
+    ];
+    let agent_ids = ["svc-a", "svc-b"];
+    let mut agents = Vec::new();
+    for i in 0..2 {
+        agents.push(rdma_agent(
+            dir,
+            agent_ids[i],
+            SVC_TORS[i],
+            &ctl,
+            SVC_DEVICES[i],
+            gid_idx[i],
+            &extra,
+        )?);
+    }
+    wait_rnics(&ep, 2, Duration::from_secs(60)).await?;
+    // Tracing must be on before any service QP exists: loading the programs takes
+    // seconds under TCG, and QPs connected before that are not seen (see ARCHITECTURE).
+    let mut tracing = Vec::new();
+    for a in &agents {
+        let line = wait_for(
+            Duration::from_secs(90),
+            Duration::from_millis(200),
+            || async {
+                let log = a.stderr();
+                log_line(&log, "service tracing on").or_else(|| {
+                    log.lines()
+                        .find(|l| l.contains("service tracing off"))
+                        .map(|l| json!({"off": l}))
+                })
+            },
+        )
+        .await
+        .with_context(|| format!("{}: no service tracing line within 90 s", a.name))?;
+        tracing.push(line);
+    }
+    let mut v = json!({
+        "mode_requested": mode,
+        "tracing": tracing,
+        "gids": gids,
+        "report_interval_ms": REPORT_INTERVAL_MS,
+        "liveness_interval_ms": LIVENESS_INTERVAL_MS,
+    });
+    if tracing.iter().any(|t| t.get("off").is_some()) {
+        bail!("service tracing is off in an agent: {tracing:?}");
+    }
+    let svc = ServiceRun {
+        endpoint: &ep,
+        comm: "",
+        paths: 2,
+    };
+
+    // 1. ibv_rc_pingpong between the two devices, killed with -9.
+    {
+        let run = ServiceRun {
+            comm: "ibv_rc_pingpong",
+            ..svc
+        };
+        let port = "18600";
+        let iters = "100000000";
+        let started = unix_ns_now();
+        let mut server = Proc::spawn(
+            dir,
+            "rc-server",
+            None,
+            Path::new("ibv_rc_pingpong"),
+            &[
+                "-d",
+                SVC_DEVICES[0],
+                "-g",
+                &gid_idx[0].to_string(),
+                "-p",
+                port,
+                "-n",
+                iters,
+            ]
+            .map(String::from),
+        )?;
+        wait_listening(18600, Duration::from_secs(20))?;
+        let mut client = Proc::spawn(
+            dir,
+            "rc-client",
+            None,
+            Path::new("ibv_rc_pingpong"),
+            // The QPN exchange goes over TCP on loopback; the RC QPs use the GIDs.
+            &[
+                "-d",
+                SVC_DEVICES[1],
+                "-g",
+                &gid_idx[1].to_string(),
+                "-p",
+                port,
+                "-n",
+                iters,
+                "127.0.0.1",
+            ]
+            .map(String::from),
+        )?;
+        let mut r = run.observe(started).await;
+        r["pids"] = json!([server.pid(), client.pid()]);
+        let ended = unix_ns_now();
+        server.signal(libc::SIGKILL);
+        client.signal(libc::SIGKILL);
+        server.wait_exit(Duration::from_secs(5));
+        client.wait_exit(Duration::from_secs(5));
+        run.gone(&mut r, ended).await;
+        r["stderr"] = json!([
+            tail_lines(&server.stderr(), 5),
+            tail_lines(&client.stderr(), 5)
+        ]);
+        v["rc_pingpong"] = r;
+    }
+
+    // 2. rping (RDMA-CM: librdmacm creates and connects the QPs), killed with -9.
+    {
+        let run = ServiceRun {
+            comm: "rping",
+            ..svc
+        };
+        let started = unix_ns_now();
+        let mut server = Proc::spawn(
+            dir,
+            "rping-server",
+            None,
+            Path::new("rping"),
+            &[
+                "-s",
+                "-a",
+                &SVC_IPS[0].to_string(),
+                "-p",
+                "18700",
+                "-C",
+                "100000000",
+            ]
+            .map(String::from),
+        )?;
+        wait_cm_listening(18700, Duration::from_secs(20))?;
+        let mut client = Proc::spawn(
+            dir,
+            "rping-client",
+            None,
+            Path::new("rping"),
+            &[
+                "-c",
+                "-a",
+                &SVC_IPS[0].to_string(),
+                "-I",
+                &SVC_IPS[1].to_string(),
+                "-p",
+                "18700",
+                "-C",
+                "100000000",
+            ]
+            .map(String::from),
+        )?;
+        let mut r = run.observe(started).await;
+        r["pids"] = json!([server.pid(), client.pid()]);
+        let ended = unix_ns_now();
+        server.signal(libc::SIGKILL);
+        client.signal(libc::SIGKILL);
+        server.wait_exit(Duration::from_secs(5));
+        client.wait_exit(Duration::from_secs(5));
+        run.gone(&mut r, ended).await;
+        r["stderr"] = json!([
+            tail_lines(&server.stderr(), 5),
+            tail_lines(&client.stderr(), 5)
+        ]);
+        v["rping"] = r;
+    }
+
+    // 3. rdma-qp-churn: CHURN_CYCLES connected pairs created and destroyed, then
+    //    CHURN_PAIRS held pairs on known flow labels, destroyed cleanly on request.
+    {
+        let run = ServiceRun {
+            comm: "rdma-qp-churn",
+            paths: 2 * CHURN_PAIRS as usize,
+            ..svc
+        };
+        let started = unix_ns_now();
+        let mut p = Driven::spawn(
+            &bin("rdma-qp-churn"),
+            &[
+                "--dev-a",
+                SVC_DEVICES[0],
+                "--gid-a",
+                &gid_idx[0].to_string(),
+                "--dev-b",
+                SVC_DEVICES[1],
+                "--gid-b",
+                &gid_idx[1].to_string(),
+                "--churn",
+                &CHURN_CYCLES.to_string(),
+                "--pairs",
+                &CHURN_PAIRS.to_string(),
+                "--flow-label",
+                &CHURN_FLOW_LABEL.to_string(),
+            ]
+            .map(String::from),
+            &dir.join("qp-churn.stderr"),
+        )?;
+        let pid = p.line("ready")?;
+        let churned = p.line("churned")?;
+        let mut pairs = Vec::new();
+        for _ in 0..CHURN_PAIRS {
+            let f = p.line("pair")?;
+            pairs.push(json!({"qpn_a": f[0].parse::<u32>()?, "qpn_b": f[1].parse::<u32>()?,
+                              "flow_label": f[2].parse::<u32>()?, "rtr_unix_ns": f[3].parse::<u64>()?}));
+        }
+        let mut r = run.observe(started).await;
+        r["pid"] = json!(pid[0].parse::<u32>()?);
+        r["churned"] =
+            json!({"cycles": churned[0].parse::<u32>()?, "ms": churned[1].parse::<u64>()?});
+        r["pairs"] = json!(pairs);
+        r["pinglist_a"] = service_pinglist(&ep, agent_ids[0], SVC_TORS[0], &gids[0]).await;
+        p.say("destroy")?;
+        let destroyed = p.line("destroyed")?;
+        let ended: u64 = destroyed[0].parse()?;
+        run.gone(&mut r, ended).await;
+        let _ = p.say("exit");
+        v["qp_churn"] = r;
+    }
+
+    for a in &mut agents {
+        a.stop();
+    }
+    v["agent_logs"] = json!(agents
+        .iter()
+        .map(|a| {
+            let log = a.stderr();
+            let notable: Vec<&str> = log
+                .lines()
+                .filter(|l| l.contains("\"level\":\"ERROR\"") || l.contains("\"level\":\"WARN\""))
+                .take(20)
+                .collect();
+            (a.name.clone(), json!(notable))
+        })
+        .collect::<BTreeMap<_, _>>());
+    Ok(v)
+}

@@ -1,0 +1,590 @@
+//! The soft-RoCE VM tier (root): Debian's stock kernel boots once under qemu (TCG) with
+//! this machine's filesystem shared in, and `rpingmesh-vm-guest` runs every scenario
+//! inside it against real RDMA (rdma_rxe), real kprobes and real libibverbs programs.
+//! Each test here asserts on one part of what the guest recorded (`rpingmesh_e2e::vm`).
+//!
+//! Needs qemu, a Debian kernel with its modules, and virtme-ng: `cargo xtask vm-test`
+//! (and `cargo xtask test`) install them. Without root every test prints a SKIP line.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use rpingmesh_e2e::vm::*;
+use rpingmesh_e2e::{bin, bin_dir, is_root, read_lossy, tail_lines};
+use serde_json::Value;
+
+/// The whole guest run (boot + every scenario) must end within this.
+const GUEST_TIMEOUT: Duration = Duration::from_secs(15 * 60);
+
+struct GuestRun {
+    dir: PathBuf,
+    guest: Value,
+    results: BTreeMap<String, Value>,
+}
+
+static GUEST: OnceLock<Result<GuestRun, String>> = OnceLock::new();
+
+fn skip(test: &str) -> bool {
+    if is_root() {
+        return false;
+    }
+    use std::io::Write;
+    let _ = writeln!(
+        std::io::stderr(),
+        "SKIPPED {test}: needs root (qemu guest with soft-RoCE and kprobes); \
+         run `sudo cargo xtask vm-test` or the CI to exercise it"
+    );
+    true
+}
+
+/// The guest's results, booting it on first use (every test shares the one run).
+fn guest() -> &'static GuestRun {
+    match GUEST.get_or_init(run_guest) {
+        Ok(g) => g,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+fn scenario(name: &str) -> &'static Value {
+    let g = guest();
+    let v = g
+        .results
+        .get(name)
+        .unwrap_or_else(|| panic!("guest wrote no {name}.json (see {})", g.dir.display()));
+    if let Some(e) = v.get("error") {
+        panic!(
+            "scenario {name} failed in the guest: {e}\n(logs: {})",
+            g.dir.join(name).display()
+        );
+    }
+    v
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("e2e has a parent")
+        .to_path_buf()
+}
+
+/// `$RPINGMESH_VNG`, else the venv `cargo xtask vm-test` installs.
+fn vng() -> Option<PathBuf> {
+    std::env::var_os("RPINGMESH_VNG")
+        .map(PathBuf::from)
+        .or_else(|| Some(workspace_root().join(".tools/vng/bin/vng")))
+        .filter(|p| p.is_file())
+}
+
+/// `$RPINGMESH_VM_KERNEL`, else the newest /boot/vmlinuz-* whose modules include rxe.
+fn kernel() -> Option<(PathBuf, String)> {
+    if let Some(k) = std::env::var_os("RPINGMESH_VM_KERNEL") {
+        let p = PathBuf::from(k);
+        let ver = p
+            .file_name()?
+            .to_str()?
+            .strip_prefix("vmlinuz-")?
+            .to_string();
+        return Some((p, ver));
+    }
+    let mut found: Vec<(PathBuf, String)> = std::fs::read_dir("/boot")
+        .ok()?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let ver = name.strip_prefix("vmlinuz-")?.to_string();
+            let rxe = Path::new("/lib/modules")
+                .join(&ver)
+                .join("kernel/drivers/infiniband/sw/rxe");
+            rxe.is_dir().then(|| (e.path(), ver))
+        })
+        .collect();
+    found.sort_by(|a, b| a.1.cmp(&b.1));
+    found.pop()
+}
+
+fn run_guest() -> Result<GuestRun, String> {
+    // Re-checking a finished run's results without booting again (development aid).
+    if let Some(d) = std::env::var_os("RPINGMESH_VM_RESULTS") {
+        return read_results(PathBuf::from(d), "reused");
+    }
+    let need = "the VM test bed is not installed: run `cargo xtask vm-test` \
+                (installs qemu-system-x86, linux-image-amd64, busybox-static, ibverbs-utils, \
+                rdmacm-utils and virtme-ng)";
+    let vng = vng().ok_or_else(|| format!("{need}: no vng (set RPINGMESH_VNG)"))?;
+    let (kernel, version) =
+        kernel().ok_or_else(|| format!("{need}: no /boot/vmlinuz-* with rdma_rxe modules"))?;
+    let runner = bin("rpingmesh-vm-guest");
+    bin("rdma-qp-churn");
+    let dir = bin_dir().parent().expect("target dir").join("vm-results");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let console = dir.join("console.log");
+    let vng_bin = vng.parent().expect("vng has a dir");
+    let path = format!(
+        "{}:{}",
+        vng_bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let started = Instant::now();
+    let mut cmd = Command::new(&vng);
+    cmd.args(["-r"])
+        .arg(&kernel)
+        .args([
+            "--disable-kvm",
+            "--force-9p",
+            "--memory",
+            "2G",
+            "--user",
+            "root",
+            "--rwdir",
+        ])
+        .arg(&dir)
+        .arg("--exec")
+        .arg(format!("{} --out {}", runner.display(), dir.display()))
+        .env("PATH", path)
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&console).map_err(|e| e.to_string())?)
+        .stderr(Stdio::from(
+            std::fs::OpenOptions::new()
+                .append(true)
+                .open(&console)
+                .map_err(|e| e.to_string())?,
+        ))
+        // Its own process group: a hung guest is killed with everything qemu started.
+        .process_group(0);
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("starting {}: {e}", vng.display()))?;
+    let status = loop {
+        if let Some(st) = child.try_wait().map_err(|e| e.to_string())? {
+            break Some(st);
+        }
+        if started.elapsed() > GUEST_TIMEOUT {
+            // SAFETY: signalling the process group we created.
+            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    eprintln!(
+        "vm: guest ({version}) ran {:.0} s, {}",
+        started.elapsed().as_secs_f64(),
+        match status {
+            Some(s) => format!("exit {s}"),
+            None => "killed at the timeout".into(),
+        }
+    );
+    if !dir.join(DONE_FILE).exists() {
+        return Err(format!(
+            "the guest did not finish its scenarios ({}); console tail:\n{}",
+            match status {
+                Some(s) => format!("vng exited {s}"),
+                None => format!("killed after {GUEST_TIMEOUT:?}"),
+            },
+            tail_lines(&read_lossy(&console), 40)
+        ));
+    }
+    read_results(dir, &version)
+}
+
+fn read_results(dir: PathBuf, version: &str) -> Result<GuestRun, String> {
+    let read = |p: PathBuf| -> Result<Value, String> {
+        serde_json::from_str(&read_lossy(&p)).map_err(|e| format!("{}: {e}", p.display()))
+    };
+    let guest = read(dir.join("guest.json"))?;
+    let mut results = BTreeMap::new();
+    for s in SCENARIOS {
+        let p = result_file(&dir, s);
+        if p.exists() {
+            results.insert(s.to_string(), read(p)?);
+        }
+    }
+    for (name, v) in &results {
+        eprintln!(
+            "vm ({version}): scenario {name}: {} ms{}",
+            v["elapsed_ms"],
+            if v.get("error").is_some() {
+                " (error)"
+            } else {
+                ""
+            }
+        );
+    }
+    Ok(GuestRun {
+        dir,
+        guest,
+        results,
+    })
+}
+
+fn u(v: &Value) -> u64 {
+    v.as_u64()
+        .unwrap_or_else(|| panic!("not an unsigned number: {v}"))
+}
+
+// ------------------------------------------------------------------------------- boot
+
+#[test]
+fn vm_guest_has_stock_kernel_kprobes_and_module_btf() {
+    if skip("vm_guest_has_stock_kernel_kprobes_and_module_btf") {
+        return;
+    }
+    let g = &guest().guest;
+    assert!(g.get("error").is_none(), "{g}");
+    assert_eq!(
+        g["kprobe_symbols"].as_array().map(|a| a.len()),
+        Some(3),
+        "ib_uverbs entry points present: {g}"
+    );
+    assert_eq!(g["kprobe_pmu"], true, "{g}");
+    assert_eq!(g["ib_core_btf"], true, "{g}");
+}
+
+// -------------------------------------------------------------------------- UD probing
+
+struct UdAgent {
+    gid: String,
+    tor: String,
+    family: String,
+}
+
+fn ud_agents(v: &Value) -> Vec<UdAgent> {
+    v["agents"]
+        .as_array()
+        .expect("agents")
+        .iter()
+        .map(|a| UdAgent {
+            gid: a["gid"].as_str().unwrap().to_string(),
+            tor: a["tor"].as_str().unwrap().to_string(),
+            family: a["family"].as_str().unwrap().to_string(),
+        })
+        .collect()
+}
+
+/// (probes, failed, invalid) per (source GID, target GID, pinglist type).
+fn ud_totals(v: &Value) -> BTreeMap<(String, String, String), (u64, u64, u64)> {
+    let mut m = BTreeMap::new();
+    for w in v["windows"].as_array().expect("windows") {
+        let k = (
+            w["source_gid"].as_str().unwrap().to_string(),
+            w["target_gid"].as_str().unwrap().to_string(),
+            w["pinglist_type"].as_str().unwrap().to_string(),
+        );
+        let e = m.entry(k).or_insert((0, 0, 0));
+        e.0 += u(&w["probe_total"]);
+        e.1 += u(&w["probe_failed"]);
+        e.2 += u(&w["invalid_rtt_count"]);
+    }
+    m
+}
+
+#[test]
+fn vm_ud_probing_reaches_every_gid_of_both_families_without_loss() {
+    if skip("vm_ud_probing_reaches_every_gid_of_both_families_without_loss") {
+        return;
+    }
+    let v = scenario("ud_probing");
+    let agents = ud_agents(v);
+    let totals = ud_totals(v);
+    assert!(!totals.is_empty(), "no windows at all: {v}");
+    for a in &agents {
+        for b in &agents {
+            if a.gid == b.gid || a.family != b.family {
+                continue;
+            }
+            if a.tor == b.tor {
+                // ToR mesh: every other GID of the ToR, probed all along.
+                let t = totals
+                    .get(&(a.gid.clone(), b.gid.clone(), "TOR_MESH".into()))
+                    .unwrap_or_else(|| panic!("{} never probed {} (ToR mesh)", a.gid, b.gid));
+                assert!(t.0 >= 20, "{} -> {}: only {} probes", a.gid, b.gid, t.0);
+            }
+        }
+        // Inter-ToR: some GID of every other ToR of the family.
+        let other_tors: BTreeSet<&str> = agents
+            .iter()
+            .filter(|b| b.family == a.family && b.tor != a.tor)
+            .map(|b| b.tor.as_str())
+            .collect();
+        for tor in other_tors {
+            let probed = totals.iter().any(|((s, t, ty), n)| {
+                *s == a.gid
+                    && ty == "INTER_TOR"
+                    && n.0 > 0
+                    && agents.iter().any(|b| b.gid == *t && b.tor == tor)
+            });
+            assert!(probed, "{} probed no GID of {tor} inter-ToR", a.gid);
+        }
+    }
+    // Zero loss on a healthy fabric, and never a probe across address families.
+    for ((s, t, ty), (n, failed, _)) in &totals {
+        assert_eq!(*failed, 0, "{s} -> {t} ({ty}): {failed} of {n} probes lost");
+        let fam = |g: &str| agents.iter().find(|a| a.gid == g).map(|a| a.family.clone());
+        assert_eq!(fam(s), fam(t), "probe across families {s} -> {t}");
+    }
+    let families: BTreeSet<String> = totals
+        .keys()
+        .filter_map(|(s, _, _)| agents.iter().find(|a| a.gid == *s))
+        .map(|a| a.family.clone())
+        .collect();
+    assert_eq!(families.len(), 2, "IPv4-mapped and IPv6 GIDs both probed");
+}
+
+#[test]
+fn vm_ud_probes_carry_all_six_timestamps_with_small_software_error() {
+    if skip("vm_ud_probes_carry_all_six_timestamps_with_small_software_error") {
+        return;
+    }
+    let v = scenario("ud_probing");
+    let mut checked = 0;
+    for w in v["windows"].as_array().expect("windows") {
+        if u(&w["probe_success"]) == 0 {
+            continue;
+        }
+        checked += 1;
+        let what = format!("{} -> {}", w["source_gid"], w["target_gid"]);
+        // A negative or absurd difference would be counted invalid: none may be.
+        assert_eq!(u(&w["invalid_rtt_count"]), 0, "{what}: invalid results");
+        // T2..T5 give a positive network RTT; T1/T6 and T3/T4 the endpoint delays.
+        assert!(u(&w["network_rtt_min_ns"]) > 0, "{what}: {w}");
+        assert!(u(&w["prober_delay_p50_ns"]) > 0, "{what}: {w}");
+        assert!(u(&w["responder_delay_p50_ns"]) > 0, "{what}: {w}");
+    }
+    assert!(checked >= 10, "too few windows: {checked}");
+
+    // Accuracy of the software path (rxe has no NIC timestamps): T3/T5 are read as the
+    // endpoint's poller wakes for the completion, so a network RTT holds two completion
+    // wake-ups, as does each round trip of libibverbs' own event-driven UD ping-pong
+    // between the same two GIDs. Both run back to back on the quiet guest; a poller that
+    // slept (or read a timestamp late) would come out above the reference.
+    let e = &v["endpoint_rtt"];
+    assert!(e.get("error").is_none(), "hw-check: {e}");
+    let ours = u(&e["p50_ns"]);
+    let pp = &v["ud_pingpong"]["events"];
+    let usec = pp["usec_per_iter"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("ibv_ud_pingpong -e gave no usec/iter: {pp}"));
+    let reference_ns = (usec * 1000.0) as u64;
+    eprintln!(
+        "vm: endpoint network RTT p50 {ours} ns (min {}, p99 {}); ibv_ud_pingpong round \
+         trip: events {reference_ns} ns, busy {} us",
+        e["min_ns"], e["p99_ns"], v["ud_pingpong"]["busy"]["usec_per_iter"]
+    );
+    assert!(
+        ours <= reference_ns * 3 / 2,
+        "network RTT p50 {ours} ns exceeds 1.5x the event-driven ping-pong round trip \
+         ({reference_ns} ns): timestamps are read late"
+    );
+}
+
+// --------------------------------------------------------------------- service tracing
+
+/// The GID of the service device a `rdma res show qp` row is on.
+fn svc_gid_of_dev(v: &Value, ifname: &str) -> String {
+    let i = SVC_DEVICES
+        .iter()
+        .position(|d| *d == ifname)
+        .unwrap_or_else(|| panic!("QP on unexpected device {ifname}"));
+    v["gids"][i].as_str().unwrap().to_string()
+}
+
+fn check_service(scenario_name: &str, program: &str) {
+    let v = scenario(scenario_name);
+    let want_mode = if scenario_name == "service_kprobe" {
+        "Kprobe"
+    } else {
+        "Uprobe"
+    };
+    for t in v["tracing"].as_array().expect("tracing") {
+        assert_eq!(t["fields"]["mode"], want_mode, "agent tracing mode: {t}");
+    }
+    let r = &v[program];
+    assert!(r.is_object(), "{program} did not run: {v}");
+    for k in ["error", "probe_error", "gone_error"] {
+        assert!(r.get(k).is_none(), "{scenario_name}/{program}: {}", r[k]);
+    }
+    let interval = u(&v["report_interval_ms"]) * 1_000_000;
+    let comm = r["comm"].as_str().unwrap();
+    let paths = r["paths"].as_array().expect("paths");
+
+    // Ground truth: every RC QP of the program that `rdma res show qp` lists is on a
+    // listed path from its device's GID to the other device's, with its local and
+    // remote QPN, pid and process name; and nothing else is listed.
+    let truth: Vec<&Value> = r["res_qp"]
+        .as_array()
+        .expect("rdma res show qp -j")
+        .iter()
+        .filter(|q| q["comm"] == comm && q["type"] == "RC")
+        .collect();
+    assert!(
+        !truth.is_empty(),
+        "rdma res lists no RC QP of {comm}: {}",
+        r["res_qp"]
+    );
+    let listed: usize = paths
+        .iter()
+        .map(|p| p["qps"].as_array().unwrap().len())
+        .sum();
+    assert_eq!(
+        listed,
+        truth.len(),
+        "listed QPs vs rdma res: {paths:?} / {truth:?}"
+    );
+    for q in &truth {
+        let src = svc_gid_of_dev(v, q["ifname"].as_str().unwrap());
+        let dst: &str = v["gids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|g| **g != src)
+            .and_then(|g| g.as_str())
+            .unwrap();
+        let found = paths.iter().any(|p| {
+            p["source_gid"] == src.as_str()
+                && p["target_gid"] == dst
+                && p["monitored"] == true
+                && p["qps"].as_array().unwrap().iter().any(|x| {
+                    x["local_qpn"] == q["lqpn"]
+                        && x["remote_qpn"] == q["rqpn"]
+                        && x["pid"] == q["pid"]
+                        && x["comm"] == comm
+                })
+        });
+        assert!(
+            found,
+            "{scenario_name}: QP {q} not on a listed path: {paths:?}"
+        );
+    }
+
+    // Listed within two report intervals of the QP reaching RTR (the tracer's event
+    // time); the sampler polls every 100 ms, so allow that and one operator call.
+    let newest_rtr = paths
+        .iter()
+        .flat_map(|p| p["qps"].as_array().unwrap())
+        .map(|q| u(&q["first_seen_unix_ns"]))
+        .max()
+        .unwrap();
+    let lag = u(&r["listed_unix_ns"]).saturating_sub(newest_rtr);
+    eprintln!(
+        "vm: {scenario_name}/{program}: listed {} ms after RTR",
+        lag / 1_000_000
+    );
+    assert!(
+        lag <= 2 * interval + 300_000_000,
+        "{scenario_name}/{program}: listed {} ms after RTR (report interval {} ms)",
+        lag / 1_000_000,
+        interval / 1_000_000
+    );
+
+    // The SERVICE pinglist probed every path, successfully.
+    for p in r["probed_paths"].as_array().expect("probed_paths") {
+        let s = &p["latest"];
+        assert_eq!(s["pinglist_type"], "SERVICE", "{p}");
+        assert!(u(&s["probe_success"]) > 0, "{p}");
+        assert_eq!(u(&s["probe_failed"]), 0, "SERVICE probes lost: {p}");
+    }
+
+    // Gone after the QPs went away: kprobes see the kernel destroy them (also on -9);
+    // uprobes see ibv_destroy_qp, or for -9 the process exit at the next liveness check.
+    let gone = u(&r["gone_unix_ns"]).saturating_sub(u(&r["ended_unix_ns"]));
+    let killed = program != "qp_churn";
+    let mut bound = interval + 500_000_000;
+    if killed && want_mode == "Uprobe" {
+        bound += u(&v["liveness_interval_ms"]) * 1_000_000;
+    }
+    eprintln!(
+        "vm: {scenario_name}/{program}: gone {} ms after the QPs",
+        gone / 1_000_000
+    );
+    assert!(
+        gone <= bound,
+        "{scenario_name}/{program}: paths gone {} ms after the QPs (bound {} ms)",
+        gone / 1_000_000,
+        bound / 1_000_000
+    );
+
+    if program == "qp_churn" {
+        // Hundreds of QPs came and went before the held pairs: only the held pairs are
+        // listed, each on its own flow label, and the SERVICE pinglist carries the labels.
+        assert_eq!(u(&r["churned"]["cycles"]), CHURN_CYCLES as u64);
+        let labels: BTreeSet<u64> = paths.iter().map(|p| u(&p["flow_label"])).collect();
+        let want: BTreeSet<u64> = (0..CHURN_PAIRS as u64)
+            .map(|i| CHURN_FLOW_LABEL as u64 + i)
+            .collect();
+        assert_eq!(labels, want, "{paths:?}");
+        for pair in r["pairs"].as_array().unwrap() {
+            let fl = &pair["flow_label"];
+            let held = paths
+                .iter()
+                .filter(|p| p["flow_label"] == *fl)
+                .flat_map(|p| p["qps"].as_array().unwrap())
+                .map(|q| u(&q["local_qpn"]))
+                .collect::<BTreeSet<_>>();
+            let want: BTreeSet<u64> = [u(&pair["qpn_a"]), u(&pair["qpn_b"])].into();
+            assert_eq!(held, want, "pair {pair}");
+        }
+        let pl: BTreeSet<u64> = r["pinglist_a"]
+            .as_array()
+            .expect("SERVICE pinglist")
+            .iter()
+            .map(|t| {
+                assert_eq!(t["flow_label_count"], 1, "{t}");
+                u(&t["flow_label"])
+            })
+            .collect();
+        assert_eq!(pl, want, "SERVICE targets follow the service's flow labels");
+    }
+}
+
+#[test]
+fn vm_kprobe_tracing_learns_ibv_rc_pingpong() {
+    if skip("vm_kprobe_tracing_learns_ibv_rc_pingpong") {
+        return;
+    }
+    check_service("service_kprobe", "rc_pingpong");
+}
+
+#[test]
+fn vm_kprobe_tracing_learns_rdma_cm_rping() {
+    if skip("vm_kprobe_tracing_learns_rdma_cm_rping") {
+        return;
+    }
+    check_service("service_kprobe", "rping");
+}
+
+#[test]
+fn vm_kprobe_tracing_survives_qp_churn() {
+    if skip("vm_kprobe_tracing_survives_qp_churn") {
+        return;
+    }
+    check_service("service_kprobe", "qp_churn");
+}
+
+#[test]
+fn vm_uprobe_tracing_learns_ibv_rc_pingpong() {
+    if skip("vm_uprobe_tracing_learns_ibv_rc_pingpong") {
+        return;
+    }
+    check_service("service_uprobe", "rc_pingpong");
+}
+
+#[test]
+fn vm_uprobe_tracing_learns_rdma_cm_rping() {
+    if skip("vm_uprobe_tracing_learns_rdma_cm_rping") {
+        return;
+    }
+    check_service("service_uprobe", "rping");
+}
+
+#[test]
+fn vm_uprobe_tracing_survives_qp_churn() {
+    if skip("vm_uprobe_tracing_survives_qp_churn") {
+        return;
+    }
+    check_service("service_uprobe", "qp_churn");
+}
