@@ -9,6 +9,10 @@
 pub const KIND_CREATE: u8 = 1;
 pub const KIND_MODIFY: u8 = 2;
 pub const KIND_DESTROY: u8 = 3;
+/// The kernel answered a query of the QP (`ib_query_qp`, e.g. for `rdma res show qp`):
+/// its current state and address vector, with the owning process (not the querier) as
+/// pid/comm. Lets the tracer learn QPs connected before it started.
+pub const KIND_QUERY: u8 = 4;
 
 /// Where the event came from (`QpEvent::source`).
 pub const SOURCE_KPROBE: u8 = 1;
@@ -32,6 +36,8 @@ pub const QPS_RESET: u8 = 0;
 pub const QPS_INIT: u8 = 1;
 pub const QPS_RTR: u8 = 2;
 pub const QPS_RTS: u8 = 3;
+pub const QPS_SQD: u8 = 4;
+pub const QPS_SQE: u8 = 5;
 pub const QPS_ERR: u8 = 6;
 
 pub const COMM_LEN: usize = 16;
@@ -159,7 +165,11 @@ pub const KOFF_GRH_FLOW_LABEL: usize = 15;
 pub const KOFF_GRH_SGID_INDEX: usize = 16;
 pub const KOFF_GRH_HOP_LIMIT: usize = 17;
 pub const KOFF_GRH_TRAFFIC_CLASS: usize = 18;
-pub const KOFF_COUNT: usize = 19;
+pub const KOFF_QP_RES: usize = 19; // ib_qp.res (struct rdma_restrack_entry)
+pub const KOFF_RES_TASK: usize = 20; // rdma_restrack_entry.task (owner; NULL for kernel QPs)
+pub const KOFF_TASK_TGID: usize = 21; // task_struct.tgid
+pub const KOFF_TASK_COMM: usize = 22; // task_struct.comm
+pub const KOFF_COUNT: usize = 23;
 
 /// Stable libibverbs user ABI (x86_64 / LP64), from `<infiniband/verbs.h>`.
 /// Checked against the header by a userspace test that compiles `offsetof` with cc.

@@ -2,8 +2,10 @@
 //!
 //! Two interchangeable families feed the same ring buffer with `QpEvent`s:
 //! - kprobes on ib_uverbs/ib_core (`ib_create_qp_user` return, `ib_modify_qp_with_udata`,
-//!   `ib_destroy_qp_user`); kernel struct offsets come from BTF at load time through the
-//!   `KOFFSETS` global, never compiled in;
+//!   `ib_destroy_qp_user`, and `ib_query_qp` entry + return, which reports QPs that were
+//!   connected before tracing began whenever the kernel is asked about them); kernel
+//!   struct offsets come from BTF at load time through the `KOFFSETS` global, never
+//!   compiled in;
 //! - uprobes on libibverbs (`ibv_create_qp`/`ibv_create_qp_ex` return, `ibv_modify_qp`,
 //!   `ibv_destroy_qp`) reading the stable user ABI (`agent_common::event::ibv`).
 #![no_std]
@@ -15,7 +17,7 @@ use aya_ebpf::{
         bpf_probe_read_kernel_buf, bpf_probe_read_user, bpf_probe_read_user_buf,
     },
     macros::{kprobe, kretprobe, map, uprobe, uretprobe},
-    maps::{PerCpuArray, RingBuf},
+    maps::{LruHashMap, PerCpuArray, RingBuf},
     programs::{ProbeContext, RetProbeContext},
 };
 use rpingmesh_agent_common::event::*;
@@ -25,6 +27,11 @@ static QP_EVENTS: RingBuf = RingBuf::with_byte_size(RINGBUF_BYTES, 0);
 
 #[map(name = "QP_EVENT_STATS")]
 static QP_EVENT_STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(STAT_COUNT, 0);
+
+/// ib_query_qp's (qp, attr) arguments by thread, from its entry to its return. LRU: an
+/// entry whose return never fired (probe detached midway) ages out instead of leaking.
+#[map(name = "QUERY_ARGS")]
+static QUERY_ARGS: LruHashMap<u64, [u64; 2]> = LruHashMap::with_max_entries(4096, 0);
 
 /// Kernel member offsets (see `KOFF_*`), written by the loader from BTF.
 #[no_mangle]
@@ -309,38 +316,106 @@ pub fn ib_modify_qp_with_udata(ctx: ProbeContext) -> u32 {
     }
     // Only the transition to RTR carries the path (AV) we care about.
     if mask & QP_ATTR_STATE != 0 && ev.qp_state == QPS_RTR && mask & QP_ATTR_AV != 0 {
-        let ah = attr + koff(KOFF_ATTR_AH_ATTR);
-        if let Some(sl) = kr::<u8>(ah + koff(KOFF_AH_SL), &mut ev) {
-            ev.sl = sl;
-        }
-        if let Some(p) = kr::<u8>(ah + koff(KOFF_AH_PORT_NUM), &mut ev) {
-            if p != 0 {
-                ev.port = p;
-            }
-        }
-        if let Some(f) = kr::<u8>(ah + koff(KOFF_AH_FLAGS), &mut ev) {
-            if f & 1 != 0 {
-                ev.flags |= FLAG_GRH; // IB_AH_GRH
-            }
-        }
-        let grh = ah + koff(KOFF_AH_GRH);
-        let src = (grh + koff(KOFF_GRH_DGID)) as *const u8;
-        if unsafe { bpf_probe_read_kernel_buf(src, &mut ev.dgid) }.is_err() {
-            read_err(&mut ev);
-        }
-        if let Some(f) = kr::<u32>(grh + koff(KOFF_GRH_FLOW_LABEL), &mut ev) {
-            ev.flow_label = f;
-        }
-        if let Some(v) = kr::<u8>(grh + koff(KOFF_GRH_SGID_INDEX), &mut ev) {
-            ev.sgid_index = v;
-        }
-        if let Some(v) = kr::<u8>(grh + koff(KOFF_GRH_HOP_LIMIT), &mut ev) {
-            ev.hop_limit = v;
-        }
-        if let Some(v) = kr::<u8>(grh + koff(KOFF_GRH_TRAFFIC_CLASS), &mut ev) {
-            ev.traffic_class = v;
+        kernel_av(attr, &mut ev);
+    }
+    emit(&ev);
+    0
+}
+
+/// Reads the address vector of a kernel `struct ib_qp_attr` (the part a connect sets).
+#[inline(always)]
+fn kernel_av(attr: u64, ev: &mut QpEvent) {
+    let ah = attr + koff(KOFF_ATTR_AH_ATTR);
+    if let Some(sl) = kr::<u8>(ah + koff(KOFF_AH_SL), ev) {
+        ev.sl = sl;
+    }
+    if let Some(p) = kr::<u8>(ah + koff(KOFF_AH_PORT_NUM), ev) {
+        if p != 0 {
+            ev.port = p;
         }
     }
+    if let Some(f) = kr::<u8>(ah + koff(KOFF_AH_FLAGS), ev) {
+        if f & 1 != 0 {
+            ev.flags |= FLAG_GRH; // IB_AH_GRH
+        }
+    }
+    let grh = ah + koff(KOFF_AH_GRH);
+    let src = (grh + koff(KOFF_GRH_DGID)) as *const u8;
+    if unsafe { bpf_probe_read_kernel_buf(src, &mut ev.dgid) }.is_err() {
+        read_err(ev);
+    }
+    if let Some(f) = kr::<u32>(grh + koff(KOFF_GRH_FLOW_LABEL), ev) {
+        ev.flow_label = f;
+    }
+    if let Some(v) = kr::<u8>(grh + koff(KOFF_GRH_SGID_INDEX), ev) {
+        ev.sgid_index = v;
+    }
+    if let Some(v) = kr::<u8>(grh + koff(KOFF_GRH_HOP_LIMIT), ev) {
+        ev.hop_limit = v;
+    }
+    if let Some(v) = kr::<u8>(grh + koff(KOFF_GRH_TRAFFIC_CLASS), ev) {
+        ev.traffic_class = v;
+    }
+}
+
+/// int ib_query_qp(struct ib_qp *qp, struct ib_qp_attr *attr, int mask, ...): remember
+/// the arguments; the return probe reads what the driver filled in.
+#[kprobe]
+pub fn ib_query_qp_entry(ctx: ProbeContext) -> u32 {
+    if koff(KOFF_VALID) == 0 {
+        return 0;
+    }
+    let (Some(qp), Some(attr)) = (ctx.arg::<u64>(0), ctx.arg::<u64>(1)) else {
+        return 0;
+    };
+    if qp == 0 || attr == 0 {
+        return 0;
+    }
+    let _ = QUERY_ARGS.insert(&bpf_get_current_pid_tgid(), &[qp, attr], 0);
+    0
+}
+
+/// A successful query: the QP's current state and address vector, attributed to the
+/// process that owns the QP (from its restrack entry), not to the querier. Kernel-owned
+/// QPs (no owner task) are skipped.
+#[kretprobe]
+pub fn ib_query_qp_ret(ctx: RetProbeContext) -> u32 {
+    let key = bpf_get_current_pid_tgid();
+    let Some(&[qp, attr]) = (unsafe { QUERY_ARGS.get(&key) }) else {
+        return 0;
+    };
+    let _ = QUERY_ARGS.remove(&key);
+    let ret: i32 = ctx.ret();
+    if ret != 0 {
+        return 0;
+    }
+    let mut ev = header(KIND_QUERY, SOURCE_KPROBE);
+    let task = match kr::<u64>(qp + koff(KOFF_QP_RES) + koff(KOFF_RES_TASK), &mut ev) {
+        Some(t) if t != 0 => t,
+        _ => return 0,
+    };
+    match kr::<i32>(task + koff(KOFF_TASK_TGID), &mut ev) {
+        Some(t) if t > 0 => {
+            ev.tgid = t as u32;
+            ev.pid = t as u32;
+        }
+        _ => return 0,
+    }
+    let comm = (task + koff(KOFF_TASK_COMM)) as *const u8;
+    if unsafe { bpf_probe_read_kernel_buf(comm, &mut ev.comm) }.is_err() {
+        read_err(&mut ev);
+    }
+    ev.cgroup_id = 0; // the querier's cgroup would be wrong; the owner's is not at hand
+    kernel_qp(qp, &mut ev);
+    // Everything a query returns counts as given: state, remote QPN and path.
+    ev.attr_mask = QP_ATTR_STATE | QP_ATTR_DEST_QPN | QP_ATTR_AV;
+    if let Some(s) = kr::<u8>(attr + koff(KOFF_ATTR_QP_STATE), &mut ev) {
+        ev.qp_state = s;
+    }
+    if let Some(d) = kr::<u32>(attr + koff(KOFF_ATTR_DEST_QP_NUM), &mut ev) {
+        ev.dest_qp_num = d;
+    }
+    kernel_av(attr, &mut ev);
     emit(&ev);
     0
 }

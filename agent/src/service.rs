@@ -382,7 +382,17 @@ pub fn start_tracer(
     match started {
         Started::Running(t) => {
             tracing::info!(mode = ?t.mode(), attachments = ?t.attachments(), "service tracing on");
-            Some(Arc::new(t))
+            let t = Arc::new(t);
+            // Service QPs connected before the agent started (a restart under running
+            // jobs): ask the kernel about them. A blocking child process: off the workers.
+            let learner = t.clone();
+            tokio::task::spawn_blocking(move || {
+                match learner.learn_existing_qps() {
+                Ok(n) => tracing::info!(qps = n, "service tracing: asked the kernel about its existing QPs"),
+                Err(why) => tracing::info!("service tracing: QPs connected before tracing began are learned when they reconnect ({why})"),
+            }
+            });
+            Some(t)
         }
         Started::Off(why) => {
             tracing::warn!("{why}");

@@ -374,6 +374,10 @@ pub fn kernel_offsets_from(
         (KOFF_GRH_SGID_INDEX, "ib_global_route", "sgid_index"),
         (KOFF_GRH_HOP_LIMIT, "ib_global_route", "hop_limit"),
         (KOFF_GRH_TRAFFIC_CLASS, "ib_global_route", "traffic_class"),
+        (KOFF_QP_RES, "ib_qp", "res"),
+        (KOFF_RES_TASK, "rdma_restrack_entry", "task"),
+        (KOFF_TASK_TGID, "task_struct", "tgid"),
+        (KOFF_TASK_COMM, "task_struct", "comm"),
     ];
     for (idx, s, m) in table {
         o[idx] = btf.member_offset(s, m)?;
@@ -483,9 +487,12 @@ mod tests {
                     ("qp_num", 120),
                     ("qp_type", 132),
                     ("port", 140),
+                    ("res", 160),
                 ],
             ),
             ("ib_device", &[("name", 40)]),
+            ("rdma_restrack_entry", &[("task", 16)]),
+            ("task_struct", &[("tgid", 1200), ("comm", 1800)]),
             (
                 "ib_qp_attr",
                 &[
@@ -532,6 +539,15 @@ mod tests {
                 o[KOFF_GRH_TRAFFIC_CLASS]
             ),
             (8, 24, 30)
+        );
+        assert_eq!(
+            (
+                o[KOFF_QP_RES],
+                o[KOFF_RES_TASK],
+                o[KOFF_TASK_TGID],
+                o[KOFF_TASK_COMM]
+            ),
+            (160, 16, 1200, 1800)
         );
         // A kernel whose ib_global_route lacks a member: error names it.
         let data = build(&[("ib_qp", &[("device", 0)])]);

@@ -97,6 +97,8 @@ pub struct FlowStats {
     pub malformed: u64,
     pub creates: u64,
     pub modifies: u64,
+    /// QPs the kernel was asked about (ib_query_qp answers; also counted in `modifies`).
+    pub queries: u64,
     pub destroys: u64,
     pub upserts: u64,
     pub removals: u64,
@@ -241,6 +243,11 @@ impl FlowTable {
         match ev.kind {
             KIND_CREATE => self.on_create(id, ev, out),
             KIND_MODIFY => self.on_modify(id, ev, r, f, out),
+            // A query reports the QP's current state and path as a modify to it would.
+            KIND_QUERY => {
+                self.stats.queries += 1;
+                self.on_modify(id, ev, r, f, out)
+            }
             KIND_DESTROY => self.on_destroy(id, ev, out),
             _ => self.stats.malformed += 1,
         }
@@ -320,7 +327,11 @@ impl FlowTable {
             return;
         }
         match ev.qp_state {
-            QPS_RTR if ev.attr_mask & QP_ATTR_AV != 0 => self.connect(id, ev, r, f, out),
+            // RTR is where a connect sets the path; a query (or a path change) reports it
+            // in any of the connected states.
+            QPS_RTR | QPS_RTS | QPS_SQD | QPS_SQE if ev.attr_mask & QP_ATTR_AV != 0 => {
+                self.connect(id, ev, r, f, out)
+            }
             QPS_RESET | QPS_ERR => {
                 if let Some(k) = self.qps.get_mut(&id).and_then(|q| q.flow.take()) {
                     self.remove_flow(k, out);

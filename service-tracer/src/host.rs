@@ -66,6 +66,36 @@ pub fn kprobe_symbols_present() -> bool {
     std::fs::read_to_string("/proc/kallsyms").is_ok_and(|s| kallsyms_has_all(&s, &KPROBE_SYMBOLS))
 }
 
+/// Makes the kernel query every QP of every RDMA device, the way `rdma res show qp`
+/// does (the netlink resource dump calls ib_query_qp per QP); the output is not needed,
+/// the query probes see the answers. Returns the number of QPs listed.
+pub fn query_all_qps() -> Result<usize, String> {
+    let rdma = ["/usr/bin/rdma", "/usr/sbin/rdma", "/sbin/rdma", "/bin/rdma"]
+        .into_iter()
+        .map(Path::new)
+        .find(|p| p.is_file())
+        .ok_or("no `rdma` tool (iproute2) to list the kernel's QPs")?;
+    let out = std::process::Command::new(rdma)
+        .args(["res", "show", "qp"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| format!("running {}: {e}", rdma.display()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{} res show qp failed ({}): {}",
+            rdma.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(count_qp_lines(&String::from_utf8_lossy(&out.stdout)))
+}
+
+/// QP rows of `rdma res show qp` text output.
+pub fn count_qp_lines(out: &str) -> usize {
+    out.lines().filter(|l| l.contains(" lqpn ")).count()
+}
+
 /// libibverbs paths from `ldconfig -p` output (x86-64 entries first).
 pub fn parse_ldconfig(out: &str) -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = out
@@ -182,6 +212,15 @@ pub fn process_liveness(pid: u32) -> Liveness {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn qp_rows_of_rdma_res_are_counted() {
+        let out = "link rxes0/1 lqpn 17 type UD state RTS sq-psn 0 pdn 3 pid 279 comm rpingmesh-agent \n\
+                   link rxes0/1 lqpn 21 rqpn 22 type RC state RTS rq-psn 1 sq-psn 2 path-mig-state MIGRATED pdn 5 pid 287 comm ibv_rc_pingpong \n\
+                   link rxes0/1 lqpn 1 type GSI state RTS sq-psn 0 comm [ib_core] \n";
+        assert_eq!(count_qp_lines(out), 3);
+        assert_eq!(count_qp_lines(""), 0);
+    }
 
     #[test]
     fn caps() {

@@ -148,6 +148,13 @@ pub const KPROBE_PROGRAMS: [(&str, &str); 3] = [
     ("ib_modify_qp_with_udata", "ib_modify_qp_with_udata"),
     ("ib_destroy_qp_user", "ib_destroy_qp_user"),
 ];
+/// Optional kprobes (entry + return on `ib_query_qp`): whenever the kernel is asked
+/// about a QP (the tracer asks for every QP at start, through `rdma res show qp`), they
+/// report its state and path, so QPs connected before tracing began are learned too.
+pub const KPROBE_QUERY_PROGRAMS: [(&str, &str); 2] = [
+    ("ib_query_qp_entry", "ib_query_qp"),
+    ("ib_query_qp_ret", "ib_query_qp"),
+];
 /// (program, symbol, required): `ibv_create_qp_ex` is a static inline in most
 /// rdma-core versions, so it is attached only where a library exports it.
 pub const UPROBE_PROGRAMS: [(&str, &str, bool); 4] = [
@@ -180,7 +187,7 @@ fn one_line(e: &dyn std::error::Error) -> String {
 pub fn load_all_programs(object: &[u8]) -> Result<Vec<String>, TracerError> {
     let mut ebpf = load_object(object, &[0; KOFF_COUNT])?;
     let mut names = Vec::new();
-    for (name, _) in KPROBE_PROGRAMS {
+    for &(name, _) in KPROBE_PROGRAMS.iter().chain(&KPROBE_QUERY_PROGRAMS) {
         let p: &mut KProbe = prog_mut(&mut ebpf, name)?;
         p.load().map_err(|e| TracerError::Program {
             prog: name.into(),
@@ -243,6 +250,8 @@ pub struct ServiceTracer {
     task: tokio::task::JoinHandle<()>,
     mode: ActiveMode,
     attachments: Vec<String>,
+    /// The `ib_query_qp` probes are attached: existing QPs can be learned.
+    queries: bool,
     // Dropping it detaches every program.
     _ebpf: Ebpf,
 }
@@ -294,23 +303,23 @@ impl ServiceTracer {
             }
             Ok(btf::resolve_kernel_offsets(&cfg.btf_dir)?)
         };
-        let (mut ebpf, mode, attachments) = match cfg.mode {
+        let (mut ebpf, mode, attachments, queries) = match cfg.mode {
             TracingMode::Kprobe => {
                 let offs = kprobe_possible()?;
-                let (e, a) = attach_kprobes(&object, &offs)?;
-                (e, ActiveMode::Kprobe, a)
+                let (e, a, q) = attach_kprobes(&object, &offs)?;
+                (e, ActiveMode::Kprobe, a, q)
             }
             TracingMode::Uprobe => {
                 let (e, a) = attach_uprobes(&object, &cfg)?;
-                (e, ActiveMode::Uprobe, a)
+                (e, ActiveMode::Uprobe, a, false)
             }
             _ => {
                 match kprobe_possible().and_then(|o| attach_kprobes(&object, &o)) {
-                    Ok((e, a)) => (e, ActiveMode::Kprobe, a),
+                    Ok((e, a, q)) => (e, ActiveMode::Kprobe, a, q),
                     Err(why) => {
                         tracing::info!("service tracing: kprobes unavailable ({why}); using libibverbs uprobes");
                         let (e, a) = attach_uprobes(&object, &cfg)?;
-                        (e, ActiveMode::Uprobe, a)
+                        (e, ActiveMode::Uprobe, a, false)
                     }
                 }
             }
@@ -351,8 +360,26 @@ impl ServiceTracer {
             task,
             mode,
             attachments,
+            queries,
             _ebpf: ebpf,
         })
+    }
+
+    /// Learns the QPs that existed before tracing began: asks the kernel about every QP
+    /// (`rdma res show qp`, which queries each one), and the `ib_query_qp` probes report
+    /// each connected QP with its owner, path and state. Blocking (run it off the async
+    /// workers); returns how many QPs the kernel answered for, or why it could not ask.
+    /// Kprobe mode only: libibverbs uprobes never see a kernel-side query.
+    pub fn learn_existing_qps(&self) -> Result<usize, String> {
+        if !self.queries {
+            return Err(match self.mode {
+                ActiveMode::Uprobe => {
+                    "libibverbs uprobes cannot see QPs made before tracing".into()
+                }
+                ActiveMode::Kprobe => "the ib_query_qp probes are not attached".into(),
+            });
+        }
+        host::query_all_qps()
     }
 
     pub fn mode(&self) -> ActiveMode {
@@ -394,14 +421,17 @@ impl ServiceTracer {
     }
 }
 
+/// Attaches the required kprobes (an error if any fails) and the optional query pair
+/// (a warning if it fails: tracing works, only QPs made before it are missed). Returns
+/// whether the query pair is attached.
 fn attach_kprobes(
     object: &[u8],
     offs: &[u32; KOFF_COUNT],
-) -> Result<(Ebpf, Vec<String>), TracerError> {
+) -> Result<(Ebpf, Vec<String>, bool), TracerError> {
     let mut ebpf = load_object(object, offs)?;
     let mut att = Vec::new();
-    for (name, func) in KPROBE_PROGRAMS {
-        let p: &mut KProbe = prog_mut(&mut ebpf, name)?;
+    let mut attach = |ebpf: &mut Ebpf, name: &str, func: &str| -> Result<(), TracerError> {
+        let p: &mut KProbe = prog_mut(ebpf, name)?;
         p.load().map_err(|e| TracerError::Program {
             prog: name.into(),
             err: one_line(&e),
@@ -411,8 +441,20 @@ fn attach_kprobes(
             err: one_line(&e),
         })?;
         att.push(format!("{name} -> {func}"));
+        Ok(())
+    };
+    for (name, func) in KPROBE_PROGRAMS {
+        attach(&mut ebpf, name, func)?;
     }
-    Ok((ebpf, att))
+    let mut queries = true;
+    for (name, func) in KPROBE_QUERY_PROGRAMS {
+        if let Err(e) = attach(&mut ebpf, name, func) {
+            tracing::warn!("service tracing: {e}; QPs connected before tracing are learned only when they reconnect");
+            queries = false;
+            break;
+        }
+    }
+    Ok((ebpf, att, queries))
 }
 
 fn attach_uprobes(object: &[u8], cfg: &TracerConfig) -> Result<(Ebpf, Vec<String>), TracerError> {

@@ -353,3 +353,39 @@ fn change_log_coalesces() {
     assert!(matches!(&b.changes[1], FlowChange::Upsert(f) if f.key == key(0x92)));
     assert!(log.drain(&t.t).changes.is_empty());
 }
+
+/// What the ib_query_qp probes emit: the QP's current state and path, attributed to its
+/// owner, as for `rdma res show qp` run after the QP was connected.
+fn query(ts: u64, tgid: u32, qpn: u32, state: u8) -> QpEvent {
+    let mut e = to_rtr(ts, tgid, qpn, 2, 0x99);
+    e.kind = KIND_QUERY;
+    e.source = SOURCE_KPROBE;
+    e.qp_state = state;
+    e.port = 1;
+    e.attr_mask = QP_ATTR_STATE | QP_ATTR_DEST_QPN | QP_ATTR_AV;
+    e
+}
+
+#[test]
+fn queries_learn_qps_connected_before_tracing() {
+    let mut t = T::new(100);
+    // Never seen created or connected: a query finds it in RTS.
+    let ch = t.feed(&[query(50, 700, 0x21, QPS_RTS)]);
+    let [FlowChange::Upsert(f)] = ch.as_slice() else {
+        panic!("{ch:?}")
+    };
+    assert_eq!(f.key, key(0x21));
+    assert_eq!((f.remote_qpn, f.pid, f.comm.as_str()), (0x99, 700, "train"));
+    assert_eq!(t.t.stats().queries, 1);
+    // Queried again unchanged: nothing to report. A QP still in INIT: no flow.
+    assert!(t.feed(&[query(51, 700, 0x21, QPS_RTS)]).is_empty());
+    assert!(t.feed(&[query(52, 700, 0x22, QPS_INIT)]).is_empty());
+    // A query that finds it in ERR removes the flow; the destroy later is harmless.
+    assert_eq!(
+        t.feed(&[query(53, 700, 0x21, QPS_ERR)]),
+        vec![FlowChange::Remove(key(0x21))]
+    );
+    assert!(t.feed(&[destroy(54, 700, 0x21)]).is_empty());
+    // A late query of a destroyed QP (older than its destroy) changes nothing.
+    assert!(t.feed(&[query(53, 700, 0x21, QPS_RTS)]).is_empty());
+}

@@ -38,6 +38,7 @@ fn every_program_passes_the_verifier() {
     let names = load_all_programs(&obj).expect("all programs load");
     let mut want: Vec<&str> = KPROBE_PROGRAMS
         .iter()
+        .chain(&KPROBE_QUERY_PROGRAMS)
         .map(|p| p.0)
         .chain(UPROBE_PROGRAMS.iter().map(|p| p.0))
         .collect();
@@ -60,7 +61,7 @@ fn kprobe_programs_load_with_resolved_offsets() {
         .override_global(rpingmesh_agent_common::event::KOFFSETS_GLOBAL, &offs, true)
         .load(&obj)
         .expect("object loads");
-    for (name, _) in KPROBE_PROGRAMS {
+    for &(name, _) in KPROBE_PROGRAMS.iter().chain(&KPROBE_QUERY_PROGRAMS) {
         let p: &mut aya::programs::KProbe = ebpf.program_mut(name).unwrap().try_into().unwrap();
         p.load().unwrap_or_else(|e| panic!("{name}: {e}"));
     }

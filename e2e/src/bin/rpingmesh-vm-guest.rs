@@ -375,8 +375,13 @@ async fn ud_probing(dir: &Path) -> Result<Value> {
         .collect();
     drop(agents);
     let (ga, gb) = (table[&v4_gid(UD_V4[0])], table[&v4_gid(UD_V4[1])]);
-    let endpoint_rtt = hw_check_rtt(dir, ga, gb);
-    let ud_pingpong = ud_pingpong_reference(dir, ga, gb);
+    // Alternated, so that drift in the guest's speed hits both sides alike.
+    let mut endpoint_rtt = Vec::new();
+    let mut ud_pingpong = Vec::new();
+    for round in 0..ACCURACY_ROUNDS {
+        endpoint_rtt.push(hw_check_rtt(dir, ga, gb, round));
+        ud_pingpong.push(ud_pingpong_reference(dir, ga, gb, round));
+    }
     Ok(json!({
         "device": UD_DEVICE,
         "gid_table": table,
@@ -392,11 +397,11 @@ async fn ud_probing(dir: &Path) -> Result<Value> {
 
 /// `rpingmesh-hw-check` between two GID indexes of the UD device: 300 probes back to back
 /// through two `RdmaEndpoint`s, network RTT (T5-T2)-(T4-T3) in ns.
-fn hw_check_rtt(dir: &Path, gid_a: u32, gid_b: u32) -> Value {
+fn hw_check_rtt(dir: &Path, gid_a: u32, gid_b: u32, round: u32) -> Value {
     let run = || -> Result<Value> {
         let mut p = Proc::spawn(
             dir,
-            "hw-check",
+            &format!("hw-check-{round}"),
             None,
             &bin("rpingmesh-hw-check"),
             &[
@@ -435,7 +440,7 @@ fn hw_check_rtt(dir: &Path, gid_a: u32, gid_b: u32) -> Value {
 
 /// `ibv_ud_pingpong` between two GID indexes of the UD device, busy-polling and (`-e`)
 /// sleeping on completion events like the agent: each one's usec/iter.
-fn ud_pingpong_reference(dir: &Path, gid_a: u32, gid_b: u32) -> Value {
+fn ud_pingpong_reference(dir: &Path, gid_a: u32, gid_b: u32, round: u32) -> Value {
     let run = |events: bool, port: u16| -> Result<Value> {
         let mut common: Vec<String> = [
             "-d",
@@ -452,7 +457,7 @@ fn ud_pingpong_reference(dir: &Path, gid_a: u32, gid_b: u32) -> Value {
         if events {
             common.push("-e".into());
         }
-        let tag = if events { "events" } else { "busy" };
+        let tag = format!("{}-{round}", if events { "events" } else { "busy" });
         let mut a = common.clone();
         a.extend(["-g".into(), gid_a.to_string()]);
         let mut server = Proc::spawn(
@@ -483,8 +488,8 @@ fn ud_pingpong_reference(dir: &Path, gid_a: u32, gid_b: u32) -> Value {
     };
     let err = |e: anyhow::Error| json!({ "error": format!("{e:#}") });
     json!({
-        "busy": run(false, 18777).unwrap_or_else(err),
-        "events": run(true, 18778).unwrap_or_else(err),
+        "busy": run(false, 18777 + 2 * round as u16).unwrap_or_else(err),
+        "events": run(true, 18778 + 2 * round as u16).unwrap_or_else(err),
     })
 }
 
@@ -637,10 +642,11 @@ async fn watch_paths(
     .await
 }
 
-fn of_service<'a>(paths: &'a [ServicePath], comm: &str) -> Vec<&'a ServicePath> {
+/// Paths carrying a QP of one of `pids`.
+fn of_service<'a>(paths: &'a [ServicePath], pids: &[u32]) -> Vec<&'a ServicePath> {
     paths
         .iter()
-        .filter(|p| p.qps.iter().any(|q| q.comm == comm))
+        .filter(|p| p.qps.iter().any(|q| pids.contains(&q.pid)))
         .collect()
 }
 
@@ -671,49 +677,53 @@ async fn service_pinglist(endpoint: &str, agent: &str, tor: &str, gid: &str) -> 
     }
 }
 
-/// One service program's life: started, learned, probed, ended. `start` launches it and
-/// returns the processes and the time the QPs were connected (when the program says so);
-/// `end` destroys its QPs ("destroy") or kills it with -9 ("kill").
+/// One service program's life, as the controller shows it: learned, probed, gone.
 struct ServiceRun<'a> {
     endpoint: &'a str,
     comm: &'static str,
+    /// The program's processes (the owners of its QPs).
+    pids: Vec<u32>,
     /// Service paths expected (one per QP side).
     paths: usize,
 }
 
 impl ServiceRun<'_> {
-    /// Waits for the listing, the ground truth, successful SERVICE probes; returns the
-    /// observations so far.
-    async fn observe(&self, started_unix_ns: u64) -> Value {
-        let mut v = json!({ "started_unix_ns": started_unix_ns, "comm": self.comm });
+    fn paths_json(&self, paths: &[ServicePath]) -> Value {
+        json!(of_service(paths, &self.pids)
+            .into_iter()
+            .map(service_path_json)
+            .collect::<Vec<_>>())
+    }
+
+    /// Waits (up to `timeout`) for the listing, then takes the ground truth and waits for
+    /// successful SERVICE probes on every path; returns the observations.
+    async fn observe(&self, started_unix_ns: u64, timeout: Duration) -> Value {
+        let mut v =
+            json!({ "started_unix_ns": started_unix_ns, "comm": self.comm, "pids": self.pids });
         let want = self.paths;
-        let comm = self.comm;
-        let listed = watch_paths(self.endpoint, Duration::from_secs(60), |p| {
-            let ps = of_service(p, comm);
+        let pids = &self.pids;
+        let listed = watch_paths(self.endpoint, timeout, |p| {
+            let ps = of_service(p, pids);
             ps.len() >= want && ps.iter().all(|p| p.monitored)
         })
         .await;
         let Some((at, paths)) = listed else {
             v["error"] = json!(format!(
-                "{} service paths of {comm} not listed within 60 s; last: {:?}",
-                want,
-                service_paths(self.endpoint)
+                "{want} service paths of {} not listed within {timeout:?}; last: {}",
+                self.comm,
+                json!(service_paths(self.endpoint)
                     .await
                     .iter()
                     .map(service_path_json)
-                    .collect::<Vec<_>>()
+                    .collect::<Vec<_>>())
             ));
             return v;
         };
         v["listed_unix_ns"] = json!(at);
-        v["paths"] = json!(of_service(&paths, comm)
-            .into_iter()
-            .map(service_path_json)
-            .collect::<Vec<_>>());
+        v["paths"] = self.paths_json(&paths);
         v["res_qp"] = res_qp();
-        // SERVICE probes of every path succeed (the analyzer window joined to the path).
         let probed = watch_paths(self.endpoint, Duration::from_secs(60), |p| {
-            let ps = of_service(p, comm);
+            let ps = of_service(p, pids);
             ps.len() >= want
                 && ps.iter().all(|p| {
                     p.latest
@@ -725,10 +735,7 @@ impl ServiceRun<'_> {
         match probed {
             Some((at, paths)) => {
                 v["probed_unix_ns"] = json!(at);
-                v["probed_paths"] = json!(of_service(&paths, comm)
-                    .into_iter()
-                    .map(service_path_json)
-                    .collect::<Vec<_>>());
+                v["probed_paths"] = self.paths_json(&paths);
             }
             None => {
                 v["probe_error"] = json!("SERVICE probes of every path did not succeed within 60 s")
@@ -740,9 +747,9 @@ impl ServiceRun<'_> {
     /// After the QPs went away at `ended_unix_ns`: when the paths disappeared.
     async fn gone(&self, v: &mut Value, ended_unix_ns: u64) {
         v["ended_unix_ns"] = json!(ended_unix_ns);
-        let comm = self.comm;
+        let pids = &self.pids;
         match watch_paths(self.endpoint, Duration::from_secs(30), |p| {
-            of_service(p, comm).is_empty()
+            of_service(p, pids).is_empty()
         })
         .await
         {
@@ -750,6 +757,66 @@ impl ServiceRun<'_> {
             None => v["gone_error"] = json!("paths still listed 30 s after the QPs went away"),
         }
     }
+
+    /// Kills `procs` with -9 and records when their paths disappeared.
+    async fn kill(&self, v: &mut Value, procs: &mut [&mut Proc]) {
+        let ended = unix_ns_now();
+        for p in procs.iter_mut() {
+            p.signal(libc::SIGKILL);
+        }
+        for p in procs.iter_mut() {
+            p.wait_exit(Duration::from_secs(5));
+        }
+        self.gone(v, ended).await;
+        v["stderr"] = json!(procs
+            .iter()
+            .map(|p| tail_lines(&p.stderr(), 5))
+            .collect::<Vec<_>>());
+    }
+}
+
+/// An `ibv_rc_pingpong` pair between the two service devices (server on the first),
+/// running until killed; its QPN exchange goes over TCP on loopback, its RC QPs between
+/// the two GIDs.
+fn rc_pingpong_pair(dir: &Path, tag: &str, port: u16, gid_idx: [u32; 2]) -> Result<(Proc, Proc)> {
+    let (port_s, iters) = (port.to_string(), "100000000");
+    let server = Proc::spawn(
+        dir,
+        &format!("{tag}-server"),
+        None,
+        Path::new("ibv_rc_pingpong"),
+        &[
+            "-d",
+            SVC_DEVICES[0],
+            "-g",
+            &gid_idx[0].to_string(),
+            "-p",
+            &port_s,
+            "-n",
+            iters,
+        ]
+        .map(String::from),
+    )?;
+    wait_listening(port, Duration::from_secs(20))?;
+    let client = Proc::spawn(
+        dir,
+        &format!("{tag}-client"),
+        None,
+        Path::new("ibv_rc_pingpong"),
+        &[
+            "-d",
+            SVC_DEVICES[1],
+            "-g",
+            &gid_idx[1].to_string(),
+            "-p",
+            &port_s,
+            "-n",
+            iters,
+            "127.0.0.1",
+        ]
+        .map(String::from),
+    )?;
+    Ok((server, client))
 }
 
 /// A process driven line by line on stdin/stdout (rdma-qp-churn); killed on drop.
@@ -801,12 +868,37 @@ impl Drop for Driven {
 }
 
 /// Service tracing with agents in `mode` (auto = kprobes on this kernel, or uprobe) against
-/// three real libibverbs programs: ibv_rc_pingpong and rping (RDMA-CM) ended with -9, and
-/// rdma-qp-churn (hundreds of QPs created and destroyed, then held pairs destroyed cleanly).
+/// real libibverbs programs: an ibv_rc_pingpong pair connected before the agents start,
+/// then ibv_rc_pingpong and rping (RDMA-CM) ended with -9, and rdma-qp-churn (hundreds of
+/// QPs created and destroyed, then held pairs destroyed cleanly).
 async fn service_tracing(dir: &Path, mode: &str) -> Result<Value> {
     svc_network()?;
     let gid_idx = [svc_gid_index(0), svc_gid_index(1)];
     let gids = [v4_gid(SVC_IPS[0]), v4_gid(SVC_IPS[1])];
+    // A service connected before any agent runs (an agent restarted under a running job).
+    let (mut pre_server, mut pre_client) = rc_pingpong_pair(dir, "pre", 18650, gid_idx)?;
+    wait_for(
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || async {
+            let pids = [pre_server.pid(), pre_client.pid()];
+            let t = res_qp();
+            let n = t.as_array().map_or(0, |a| {
+                a.iter()
+                    .filter(|q| {
+                        q["state"] == "RTS"
+                            && q["pid"]
+                                .as_u64()
+                                .is_some_and(|p| pids.contains(&(p as u32)))
+                    })
+                    .count()
+            });
+            (n >= 2).then_some(())
+        },
+    )
+    .await
+    .context("the pre-existing ibv_rc_pingpong pair never reached RTS")?;
+
     let ctl = spawn_controller(
         dir,
         "controller",
@@ -838,8 +930,8 @@ async fn service_tracing(dir: &Path, mode: &str) -> Result<Value> {
         )?);
     }
     wait_rnics(&ep, 2, Duration::from_secs(60)).await?;
-    // Tracing must be on before any service QP exists: loading the programs takes
-    // seconds under TCG, and QPs connected before that are not seen (see ARCHITECTURE).
+    // Tracing must be on before the scenario's services start (loading the programs
+    // takes seconds under TCG).
     let mut tracing = Vec::new();
     for a in &agents {
         let line = wait_for(
@@ -850,7 +942,7 @@ async fn service_tracing(dir: &Path, mode: &str) -> Result<Value> {
                 log_line(&log, "service tracing on").or_else(|| {
                     log.lines()
                         .find(|l| l.contains("service tracing off"))
-                        .map(|l| json!({"off": l}))
+                        .map(|l| json!({ "off": l }))
                 })
             },
         )
@@ -868,95 +960,48 @@ async fn service_tracing(dir: &Path, mode: &str) -> Result<Value> {
     if tracing.iter().any(|t| t.get("off").is_some()) {
         bail!("service tracing is off in an agent: {tracing:?}");
     }
-    let svc = ServiceRun {
-        endpoint: &ep,
-        comm: "",
-        paths: 2,
-    };
+
+    // 0. The pre-existing pair: learned from the kernel's answers when the agent asks it
+    //    about its QPs (kprobe mode); libibverbs uprobes cannot see it before it reconnects.
+    {
+        let run = ServiceRun {
+            endpoint: &ep,
+            comm: "ibv_rc_pingpong",
+            pids: vec![pre_server.pid(), pre_client.pid()],
+            paths: 2,
+        };
+        let wait = Duration::from_secs(if mode == "uprobe" { 5 } else { 30 });
+        let mut r = run.observe(unix_ns_now(), wait).await;
+        run.kill(&mut r, &mut [&mut pre_server, &mut pre_client])
+            .await;
+        v["preexisting"] = r;
+    }
 
     // 1. ibv_rc_pingpong between the two devices, killed with -9.
     {
-        let run = ServiceRun {
-            comm: "ibv_rc_pingpong",
-            ..svc
-        };
-        let port = "18600";
-        let iters = "100000000";
         let started = unix_ns_now();
-        let mut server = Proc::spawn(
-            dir,
-            "rc-server",
-            None,
-            Path::new("ibv_rc_pingpong"),
-            &[
-                "-d",
-                SVC_DEVICES[0],
-                "-g",
-                &gid_idx[0].to_string(),
-                "-p",
-                port,
-                "-n",
-                iters,
-            ]
-            .map(String::from),
-        )?;
-        wait_listening(18600, Duration::from_secs(20))?;
-        let mut client = Proc::spawn(
-            dir,
-            "rc-client",
-            None,
-            Path::new("ibv_rc_pingpong"),
-            // The QPN exchange goes over TCP on loopback; the RC QPs use the GIDs.
-            &[
-                "-d",
-                SVC_DEVICES[1],
-                "-g",
-                &gid_idx[1].to_string(),
-                "-p",
-                port,
-                "-n",
-                iters,
-                "127.0.0.1",
-            ]
-            .map(String::from),
-        )?;
-        let mut r = run.observe(started).await;
-        r["pids"] = json!([server.pid(), client.pid()]);
-        let ended = unix_ns_now();
-        server.signal(libc::SIGKILL);
-        client.signal(libc::SIGKILL);
-        server.wait_exit(Duration::from_secs(5));
-        client.wait_exit(Duration::from_secs(5));
-        run.gone(&mut r, ended).await;
-        r["stderr"] = json!([
-            tail_lines(&server.stderr(), 5),
-            tail_lines(&client.stderr(), 5)
-        ]);
+        let (mut server, mut client) = rc_pingpong_pair(dir, "rc", 18600, gid_idx)?;
+        let run = ServiceRun {
+            endpoint: &ep,
+            comm: "ibv_rc_pingpong",
+            pids: vec![server.pid(), client.pid()],
+            paths: 2,
+        };
+        let mut r = run.observe(started, Duration::from_secs(60)).await;
+        run.kill(&mut r, &mut [&mut server, &mut client]).await;
         v["rc_pingpong"] = r;
     }
 
     // 2. rping (RDMA-CM: librdmacm creates and connects the QPs), killed with -9.
     {
-        let run = ServiceRun {
-            comm: "rping",
-            ..svc
-        };
         let started = unix_ns_now();
+        let (server_ip, client_ip) = (SVC_IPS[0].to_string(), SVC_IPS[1].to_string());
         let mut server = Proc::spawn(
             dir,
             "rping-server",
             None,
             Path::new("rping"),
-            &[
-                "-s",
-                "-a",
-                &SVC_IPS[0].to_string(),
-                "-p",
-                "18700",
-                "-C",
-                "100000000",
-            ]
-            .map(String::from),
+            &["-s", "-a", &server_ip, "-p", "18700", "-C", "100000000"].map(String::from),
         )?;
         wait_cm_listening(18700, Duration::from_secs(20))?;
         let mut client = Proc::spawn(
@@ -967,9 +1012,9 @@ async fn service_tracing(dir: &Path, mode: &str) -> Result<Value> {
             &[
                 "-c",
                 "-a",
-                &SVC_IPS[0].to_string(),
+                &server_ip,
                 "-I",
-                &SVC_IPS[1].to_string(),
+                &client_ip,
                 "-p",
                 "18700",
                 "-C",
@@ -977,29 +1022,20 @@ async fn service_tracing(dir: &Path, mode: &str) -> Result<Value> {
             ]
             .map(String::from),
         )?;
-        let mut r = run.observe(started).await;
-        r["pids"] = json!([server.pid(), client.pid()]);
-        let ended = unix_ns_now();
-        server.signal(libc::SIGKILL);
-        client.signal(libc::SIGKILL);
-        server.wait_exit(Duration::from_secs(5));
-        client.wait_exit(Duration::from_secs(5));
-        run.gone(&mut r, ended).await;
-        r["stderr"] = json!([
-            tail_lines(&server.stderr(), 5),
-            tail_lines(&client.stderr(), 5)
-        ]);
+        let run = ServiceRun {
+            endpoint: &ep,
+            comm: "rping",
+            pids: vec![server.pid(), client.pid()],
+            paths: 2,
+        };
+        let mut r = run.observe(started, Duration::from_secs(60)).await;
+        run.kill(&mut r, &mut [&mut server, &mut client]).await;
         v["rping"] = r;
     }
 
     // 3. rdma-qp-churn: CHURN_CYCLES connected pairs created and destroyed, then
     //    CHURN_PAIRS held pairs on known flow labels, destroyed cleanly on request.
     {
-        let run = ServiceRun {
-            comm: "rdma-qp-churn",
-            paths: 2 * CHURN_PAIRS as usize,
-            ..svc
-        };
         let started = unix_ns_now();
         let mut p = Driven::spawn(
             &bin("rdma-qp-churn"),
@@ -1022,7 +1058,7 @@ async fn service_tracing(dir: &Path, mode: &str) -> Result<Value> {
             .map(String::from),
             &dir.join("qp-churn.stderr"),
         )?;
-        let pid = p.line("ready")?;
+        let pid: u32 = p.line("ready")?[0].parse()?;
         let churned = p.line("churned")?;
         let mut pairs = Vec::new();
         for _ in 0..CHURN_PAIRS {
@@ -1030,15 +1066,19 @@ async fn service_tracing(dir: &Path, mode: &str) -> Result<Value> {
             pairs.push(json!({"qpn_a": f[0].parse::<u32>()?, "qpn_b": f[1].parse::<u32>()?,
                               "flow_label": f[2].parse::<u32>()?, "rtr_unix_ns": f[3].parse::<u64>()?}));
         }
-        let mut r = run.observe(started).await;
-        r["pid"] = json!(pid[0].parse::<u32>()?);
+        let run = ServiceRun {
+            endpoint: &ep,
+            comm: "rdma-qp-churn",
+            pids: vec![pid],
+            paths: 2 * CHURN_PAIRS as usize,
+        };
+        let mut r = run.observe(started, Duration::from_secs(60)).await;
         r["churned"] =
             json!({"cycles": churned[0].parse::<u32>()?, "ms": churned[1].parse::<u64>()?});
         r["pairs"] = json!(pairs);
         r["pinglist_a"] = service_pinglist(&ep, agent_ids[0], SVC_TORS[0], &gids[0]).await;
         p.say("destroy")?;
-        let destroyed = p.line("destroyed")?;
-        let ended: u64 = destroyed[0].parse()?;
+        let ended: u64 = p.line("destroyed")?[0].parse()?;
         run.gone(&mut r, ended).await;
         let _ = p.say("exit");
         v["qp_churn"] = r;
@@ -1053,7 +1093,12 @@ async fn service_tracing(dir: &Path, mode: &str) -> Result<Value> {
             let log = a.stderr();
             let notable: Vec<&str> = log
                 .lines()
-                .filter(|l| l.contains("\"level\":\"ERROR\"") || l.contains("\"level\":\"WARN\""))
+                .filter(|l| {
+                    l.contains("\"level\":\"ERROR\"")
+                        || l.contains("\"level\":\"WARN\"")
+                        || l.contains("existing QPs")
+                        || l.contains("before tracing began")
+                })
                 .take(20)
                 .collect();
             (a.name.clone(), json!(notable))

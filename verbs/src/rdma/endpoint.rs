@@ -521,27 +521,38 @@ impl Poller {
         let mut batch: Vec<(WcRecord, Option<u64>)> = Vec::with_capacity(POLL_BATCH);
         let mut slot_buf = vec![0u8; RECV_SLOT_LEN];
         let mut next_health = Instant::now() + HEALTH_INTERVAL;
+        // When the channel last woke us: the completions that raised the event were
+        // queued before it, so that moment (not a few syscalls later) is their time.
+        let mut woke_at: Option<u64> = None;
         loop {
             if self.shared.stop.load(Ordering::Acquire)
                 || self.shared.failed.load(Ordering::Acquire)
             {
                 break;
             }
-            if self.drain(&mut batch, &mut slot_buf).is_err() {
+            if self
+                .drain(&mut batch, &mut slot_buf, woke_at.take())
+                .is_err()
+            {
                 break;
             }
             if let Err(e) = self.shared.cq.arm() {
                 self.shared.fail(e);
                 break;
             }
-            match self.drain(&mut batch, &mut slot_buf) {
+            match self.drain(&mut batch, &mut slot_buf, None) {
                 Err(()) => break,
                 Ok(n) if n > 0 => continue,
                 Ok(_) => {}
             }
             let timeout = next_health.saturating_duration_since(Instant::now());
             let ready = match self.wait(timeout) {
-                Ok(r) => r,
+                Ok(r) => {
+                    if r.cq {
+                        woke_at = Some(clock::monotonic_ns());
+                    }
+                    r
+                }
                 Err(e) => {
                     self.shared.fail(RdmaError::Verbs {
                         device: self.shared.ctx.name().to_string(),
@@ -599,12 +610,14 @@ impl Poller {
         })
     }
 
-    /// Polls the CQ until it is empty, delivering every completion. Err after a failure
-    /// (already recorded in `shared`).
+    /// Polls the CQ until it is empty, delivering every completion; the first batch gets
+    /// `first_ts` as its software time when given (the wake-up), later ones their poll
+    /// time. Err after a failure (already recorded in `shared`).
     fn drain(
         &mut self,
         batch: &mut Vec<(WcRecord, Option<u64>)>,
         slot_buf: &mut [u8],
+        mut first_ts: Option<u64>,
     ) -> Result<usize, ()> {
         let mut total = 0;
         let mut delivered = false;
@@ -617,7 +630,7 @@ impl Poller {
                     return Err(());
                 }
             };
-            let sw_ts = clock::monotonic_ns();
+            let sw_ts = first_ts.take().unwrap_or_else(clock::monotonic_ns);
             for (mut rec, raw) in batch.drain(..) {
                 let kind = WrKind::from_wr_id(rec.wr_id);
                 rec.ts_ns = self.timestamp(kind, raw, sw_ts);
