@@ -8,10 +8,21 @@
 //! names and result files, and the timing parameters the assertions depend on.
 
 use std::net::Ipv4Addr;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
 
 /// Scenario result files (`<results>/<name>.json`), in the order the runner runs them.
 pub const SCENARIOS: [&str; 3] = ["ud_probing", "service_kprobe", "service_uprobe"];
+/// The benchmark scenario (`cargo xtask bench`); not part of the tests' run.
+pub const BENCH_SCENARIO: &str = "bench_rdma";
+/// Bench: rounds of (agent-bench --rdma, ibv_ud_pingpong), alternated.
+pub const BENCH_ROUNDS: u32 = 3;
+/// Bench: seconds of each agent-bench measurement.
+pub const BENCH_SECONDS: u32 = 5;
+/// Bench: connected pairs whose service-path latency is measured.
+pub const BENCH_PAIRS: u32 = 8;
 /// Written by the runner when every scenario has finished (with or without errors).
 pub const DONE_FILE: &str = "done";
 
@@ -31,15 +42,19 @@ pub const UD_V6_TOR: &str = "tor-c";
 /// Seconds of probing after every agent registered.
 pub const UD_PROBE_SECS: u64 = 20;
 /// Rounds of (our endpoint, ibv_ud_pingpong) RTT measurements, alternated.
-pub const ACCURACY_ROUNDS: u32 = 3;
+pub const ACCURACY_ROUNDS: u32 = 5;
 
 /// Service tracing: two rxe devices behind a bridge ("ToR"), one agent each.
 pub const SVC_DEVICES: [&str; 2] = ["rxes0", "rxes1"];
 pub const SVC_NETDEVS: [&str; 2] = ["vs0", "vs1"];
 pub const SVC_IPS: [Ipv4Addr; 2] = [Ipv4Addr::new(198, 18, 2, 1), Ipv4Addr::new(198, 18, 2, 2)];
 pub const SVC_TORS: [&str; 2] = ["tor-s0", "tor-s1"];
-/// `service_flow_report_interval_ms` of the service-scenario agents.
-pub const REPORT_INTERVAL_MS: u64 = 1000;
+/// `service_flow_report_interval_ms` of the service-scenario agents: twice the default,
+/// so that the fixed costs of a TCG guest (RPCs, wake-ups: a few hundred ms) weigh less
+/// against the "within two intervals" bound.
+pub const REPORT_INTERVAL_MS: u64 = 2000;
+/// The agents' default interval, which the bench measures the latency with.
+pub const BENCH_REPORT_INTERVAL_MS: u64 = 1000;
 /// How often the tracer looks for exited processes (the tracer's default).
 pub const LIVENESS_INTERVAL_MS: u64 = 2000;
 /// Flow label of the first held pair of `rdma-qp-churn` (pair i uses this + i).
@@ -64,4 +79,132 @@ pub fn v4_gid(ip: Ipv4Addr) -> String {
 pub fn v6_gid(ip: &str) -> String {
     let a: std::net::Ipv6Addr = ip.parse().expect("a valid IPv6 literal");
     rpingmesh_proto::gid::format_gid(&a)
+}
+
+/// virtme-ng release the recipe was verified with (`cargo xtask vm-test` installs it).
+pub const VIRTME_NG: &str = "virtme-ng==1.42";
+
+/// `<workspace>/.tools/vng`: the virtualenv holding virtme-ng.
+pub fn vng_venv(workspace: &Path) -> PathBuf {
+    workspace.join(".tools/vng")
+}
+
+/// The newest /boot/vmlinuz-* whose modules include rdma_rxe: (image, version).
+pub fn kernel_with_rxe() -> Option<(PathBuf, String)> {
+    let mut found: Vec<(String, PathBuf)> = std::fs::read_dir("/boot")
+        .ok()?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let ver = name.strip_prefix("vmlinuz-")?.to_string();
+            Path::new("/lib/modules")
+                .join(&ver)
+                .join("kernel/drivers/infiniband/sw/rxe")
+                .is_dir()
+                .then(|| (ver, e.path()))
+        })
+        .collect();
+    found.sort();
+    found.pop().map(|(v, p)| (p, v))
+}
+
+/// What boots the guest: virtme-ng and the kernel.
+pub struct TestBed {
+    pub vng: PathBuf,
+    pub kernel: PathBuf,
+    pub version: String,
+}
+
+impl TestBed {
+    /// `$RPINGMESH_VNG` / `$RPINGMESH_VM_KERNEL` when set, else the venv under the
+    /// workspace and the newest kernel with rdma_rxe; Err says what is missing.
+    pub fn find(workspace: &Path) -> Result<TestBed, String> {
+        let need = "the VM test bed is not installed: run `cargo xtask vm-test` \
+                    (installs qemu-system-x86, linux-image-amd64, busybox-static, \
+                    ibverbs-utils, rdmacm-utils and virtme-ng)";
+        let vng = std::env::var_os("RPINGMESH_VNG")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| vng_venv(workspace).join("bin/vng"));
+        if !vng.is_file() {
+            return Err(format!("{need}: no {}", vng.display()));
+        }
+        let (kernel, version) = match std::env::var_os("RPINGMESH_VM_KERNEL") {
+            Some(k) => {
+                let p = PathBuf::from(k);
+                let v = p
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .and_then(|n| n.strip_prefix("vmlinuz-"))
+                    .unwrap_or("?")
+                    .to_string();
+                (p, v)
+            }
+            None => kernel_with_rxe()
+                .ok_or_else(|| format!("{need}: no /boot/vmlinuz-* with rdma_rxe modules"))?,
+        };
+        Ok(TestBed {
+            vng,
+            kernel,
+            version,
+        })
+    }
+
+    /// Boots the guest under TCG with `rwdir` writable, runs `command` in it as root and
+    /// waits; a guest still running after `timeout` is killed with everything qemu
+    /// started (None). Console output goes to `<rwdir>/console.log`.
+    pub fn run(
+        &self,
+        rwdir: &Path,
+        command: &str,
+        timeout: Duration,
+    ) -> Result<Option<ExitStatus>, String> {
+        let console = rwdir.join("console.log");
+        let log =
+            std::fs::File::create(&console).map_err(|e| format!("{}: {e}", console.display()))?;
+        let log2 = log.try_clone().map_err(|e| e.to_string())?;
+        // vng runs virtme-run from its own bin directory.
+        let bin_dir = self.vng.parent().unwrap_or(Path::new("."));
+        let path = format!(
+            "{}:{}",
+            bin_dir.display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let mut child = Command::new(&self.vng)
+            .arg("-r")
+            .arg(&self.kernel)
+            // KVM guests hang at boot on these machines: TCG only.
+            .args([
+                "--disable-kvm",
+                "--force-9p",
+                "--memory",
+                "2G",
+                "--user",
+                "root",
+                "--rwdir",
+            ])
+            .arg(rwdir)
+            .arg("--exec")
+            .arg(command)
+            .env("PATH", path)
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log2)
+            // Its own process group: a hung guest is killed with everything qemu started.
+            .process_group(0)
+            .spawn()
+            .map_err(|e| format!("starting {}: {e}", self.vng.display()))?;
+        let started = Instant::now();
+        loop {
+            if let Some(st) = child.try_wait().map_err(|e| e.to_string())? {
+                return Ok(Some(st));
+            }
+            if started.elapsed() > timeout {
+                // SAFETY: signalling the process group we created.
+                unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+                let _ = child.wait();
+                return Ok(None);
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
 }

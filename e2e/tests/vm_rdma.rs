@@ -7,9 +7,7 @@
 //! (and `cargo xtask test`) install them. Without root every test prints a SKIP line.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -71,106 +69,24 @@ fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
-/// `$RPINGMESH_VNG`, else the venv `cargo xtask vm-test` installs.
-fn vng() -> Option<PathBuf> {
-    std::env::var_os("RPINGMESH_VNG")
-        .map(PathBuf::from)
-        .or_else(|| Some(workspace_root().join(".tools/vng/bin/vng")))
-        .filter(|p| p.is_file())
-}
-
-/// `$RPINGMESH_VM_KERNEL`, else the newest /boot/vmlinuz-* whose modules include rxe.
-fn kernel() -> Option<(PathBuf, String)> {
-    if let Some(k) = std::env::var_os("RPINGMESH_VM_KERNEL") {
-        let p = PathBuf::from(k);
-        let ver = p
-            .file_name()?
-            .to_str()?
-            .strip_prefix("vmlinuz-")?
-            .to_string();
-        return Some((p, ver));
-    }
-    let mut found: Vec<(PathBuf, String)> = std::fs::read_dir("/boot")
-        .ok()?
-        .filter_map(|e| e.ok())
-        .filter_map(|e| {
-            let name = e.file_name().into_string().ok()?;
-            let ver = name.strip_prefix("vmlinuz-")?.to_string();
-            let rxe = Path::new("/lib/modules")
-                .join(&ver)
-                .join("kernel/drivers/infiniband/sw/rxe");
-            rxe.is_dir().then(|| (e.path(), ver))
-        })
-        .collect();
-    found.sort_by(|a, b| a.1.cmp(&b.1));
-    found.pop()
-}
-
 fn run_guest() -> Result<GuestRun, String> {
     // Re-checking a finished run's results without booting again (development aid).
     if let Some(d) = std::env::var_os("RPINGMESH_VM_RESULTS") {
         return read_results(PathBuf::from(d), "reused");
     }
-    let need = "the VM test bed is not installed: run `cargo xtask vm-test` \
-                (installs qemu-system-x86, linux-image-amd64, busybox-static, ibverbs-utils, \
-                rdmacm-utils and virtme-ng)";
-    let vng = vng().ok_or_else(|| format!("{need}: no vng (set RPINGMESH_VNG)"))?;
-    let (kernel, version) =
-        kernel().ok_or_else(|| format!("{need}: no /boot/vmlinuz-* with rdma_rxe modules"))?;
+    let bed = TestBed::find(&workspace_root())?;
     let runner = bin("rpingmesh-vm-guest");
     bin("rdma-qp-churn");
     let dir = bin_dir().parent().expect("target dir").join("vm-results");
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let console = dir.join("console.log");
-    let vng_bin = vng.parent().expect("vng has a dir");
-    let path = format!(
-        "{}:{}",
-        vng_bin.display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
     let started = Instant::now();
-    let mut cmd = Command::new(&vng);
-    cmd.args(["-r"])
-        .arg(&kernel)
-        .args([
-            "--disable-kvm",
-            "--force-9p",
-            "--memory",
-            "2G",
-            "--user",
-            "root",
-            "--rwdir",
-        ])
-        .arg(&dir)
-        .arg("--exec")
-        .arg(format!("{} --out {}", runner.display(), dir.display()))
-        .env("PATH", path)
-        .stdin(Stdio::null())
-        .stdout(std::fs::File::create(&console).map_err(|e| e.to_string())?)
-        .stderr(Stdio::from(
-            std::fs::OpenOptions::new()
-                .append(true)
-                .open(&console)
-                .map_err(|e| e.to_string())?,
-        ))
-        // Its own process group: a hung guest is killed with everything qemu started.
-        .process_group(0);
-    let mut child = cmd
-        .spawn()
-        .map_err(|e| format!("starting {}: {e}", vng.display()))?;
-    let status = loop {
-        if let Some(st) = child.try_wait().map_err(|e| e.to_string())? {
-            break Some(st);
-        }
-        if started.elapsed() > GUEST_TIMEOUT {
-            // SAFETY: signalling the process group we created.
-            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let status = bed.run(
+        &dir,
+        &format!("{} --out {}", runner.display(), dir.display()),
+        GUEST_TIMEOUT,
+    )?;
+    let version = &bed.version;
     eprintln!(
         "vm: guest ({version}) ran {:.0} s, {}",
         started.elapsed().as_secs_f64(),
@@ -179,6 +95,7 @@ fn run_guest() -> Result<GuestRun, String> {
             None => "killed at the timeout".into(),
         }
     );
+    let console = dir.join("console.log");
     if !dir.join(DONE_FILE).exists() {
         return Err(format!(
             "the guest did not finish its scenarios ({}); console tail:\n{}",
@@ -189,7 +106,7 @@ fn run_guest() -> Result<GuestRun, String> {
             tail_lines(&read_lossy(&console), 40)
         ));
     }
-    read_results(dir, &version)
+    read_results(dir, version)
 }
 
 fn read_results(dir: PathBuf, version: &str) -> Result<GuestRun, String> {
@@ -392,9 +309,11 @@ fn vm_ud_probes_carry_all_six_timestamps_with_small_software_error() {
          per round {reference:?} ns; medians {o} vs {r} ({:.2}x)",
         o as f64 / r as f64
     );
+    // Measured here: 1.1-1.4x (each round's spread is wider than that). A poller that
+    // slept up to 200 us before reading, as the first version did, adds that twice.
     assert!(
-        o <= r * 3 / 2,
-        "network RTT p50 {o} ns exceeds 1.5x the event-driven ping-pong round trip \
+        o * 10 <= r * 16,
+        "network RTT p50 {o} ns exceeds 1.6x the event-driven ping-pong round trip \
          ({r} ns): timestamps are read late"
     );
 }
@@ -506,14 +425,12 @@ fn check_service(scenario_name: &str, program: &str) {
         assert_eq!(u(&s["probe_failed"]), 0, "SERVICE probes lost: {p}");
     }
 
-    // Gone after the QPs went away: kprobes see the kernel destroy them (also on -9);
-    // uprobes see ibv_destroy_qp, or for -9 the process exit at the next liveness check.
+    // Gone within one report interval plus the tracer's liveness period after the QPs
+    // went away: kprobes see the kernel destroy them (also on -9), uprobes see
+    // ibv_destroy_qp, or for -9 the process exit at the next liveness check. Plus the
+    // sampler's 100 ms and an operator call.
     let gone = u(&r["gone_unix_ns"]).saturating_sub(u(&r["ended_unix_ns"]));
-    let killed = program != "qp_churn";
-    let mut bound = interval + 500_000_000;
-    if killed && want_mode == "Uprobe" {
-        bound += u(&v["liveness_interval_ms"]) * 1_000_000;
-    }
+    let bound = interval + u(&v["liveness_interval_ms"]) * 1_000_000 + 300_000_000;
     eprintln!(
         "vm: {scenario_name}/{program}: gone {} ms after the QPs",
         gone / 1_000_000

@@ -13,6 +13,7 @@ use clap::Args;
 use rpingmesh_proto::operator::{ListPathsRequest, ListRnicsRequest};
 use serde_json::{Map, Value};
 
+use crate::is_root;
 use crate::procs::{self, Proc};
 
 #[derive(Args)]
@@ -29,7 +30,10 @@ const RSS_TARGET_MIB: f64 = 20.0;
 const SAMPLE: Duration = Duration::from_secs(20);
 
 pub fn run(a: BenchArgs) -> Result<()> {
+    let runs = if a.quick { 1 } else { 3 };
+    let mut failures = Vec::new();
     let mut build = crate::cargo();
+    // The rdma features too: the VM bench runs these binaries against soft-RoCE.
     build.args([
         "build",
         "--release",
@@ -39,10 +43,22 @@ pub fn run(a: BenchArgs) -> Result<()> {
         "rpingmesh-agent",
         "-p",
         "rpingmesh-verbs",
+        "-p",
+        "rpingmesh-e2e",
+        "-p",
+        "rdma-qp-churn",
+        "--features",
+        crate::TEST_FEATURES,
     ]);
     crate::run_streamed(build, "cargo build --release (controller, agent, benches)")?;
-    let runs = if a.quick { 1 } else { 3 };
-    let mut failures = Vec::new();
+    // Before the footprint runs, which must not share the CPUs with anything.
+    let vm = crate::vm::bench_lines();
+    if let Err(e) = &vm {
+        eprintln!("xtask bench: rdma benches in the VM: {e:#}");
+        if is_root() {
+            failures.push(format!("vm-rdma: {e:#}"));
+        }
+    }
 
     let mut sections = Vec::new();
     for bin in [
@@ -66,6 +82,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         }
         sections.push((bin, res));
     }
+    sections.push(("vm-rdma", vm));
     let footprint = (0..runs)
         .map(|i| {
             eprintln!("xtask bench: agent footprint, run {}/{runs}", i + 1);
@@ -643,6 +660,13 @@ fn render_markdown(
                 (two traps, the eBPF program and a ring-buffer wake-up of the reader on this VM), paid once per QP create/modify/destroy: \
                 a real ibv_modify_qp is itself a command to the NIC that takes tens of microseconds, and data-path verbs (post_send, poll_cq) are not traced. \
                 probing_under_qp_storm: two real drivers probing at 4,000 probes/s offered, quiet vs while a thread hammers the traced create/modify/destroy as fast as it can (ratio = storm/quiet, target >= 0.9)",
+            "vm-rdma" => "rdma over soft-RoCE, in the qemu guest of the VM tests (TCG: absolute numbers are several times slower than hardware, the ratios are what counts), release build. \
+                rxe_probe_round_trips: the agent's two real drivers probing each other between two rxe devices behind a bridge (agent-bench --rdma, one probe in flight, and 16), \
+                against libibverbs' own ibv_ud_pingpong between the same two GIDs, busy-polling and sleeping on completion events (-e); rounds alternated, medians. \
+                A probe is three datagrams (probe, two ACKs) where a ping-pong round trip is two, and the agent sleeps on completion channels where the busy ping-pong spins. \
+                service_path_latency: from each QP's ibv_modify_qp to RTR (stamped by rdma-qp-churn) until the controller lists its service path, agents in kprobe mode, \
+                sampled every 20 ms; bounded by the agent's service_flow_report_interval_ms"
+            ,
             "verbs-bench" => "rdma backend without hardware: the address-handle cache hit every send pays vs a plain HashMap lookup, and completion -> event (translate + SPSC ring push/pop) vs a plain VecDeque push/pop, same run. \
                 The Go/Zig version calls ibv_create_ah for every probe it sends (a verbs call into the provider, on most NICs a kernel or firmware command); \
                 ours creates one AH per (GID, flow label, SL, TC) path and reuses it from this LRU, so the per-send cost is the lookup below",

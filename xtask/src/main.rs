@@ -251,7 +251,8 @@ pub(crate) fn install_needs(what: &str, needs: &[Need]) -> Result<()> {
 
 /// The one feature set tests build with: the rdma backend compiled in (it must build in
 /// CI even though no RDMA device exists here).
-const TEST_FEATURES: &str = "rpingmesh-agent/rdma,rpingmesh-verbs/rdma,rdma-qp-churn/rdma";
+pub(crate) const TEST_FEATURES: &str =
+    "rpingmesh-agent/rdma,rpingmesh-verbs/rdma,rdma-qp-churn/rdma";
 
 fn test() -> Result<()> {
     deps()?;

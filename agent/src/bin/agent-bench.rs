@@ -3,7 +3,11 @@
 //! current-thread runtime. One JSON object per line on stdout; about 18 s in total.
 //!
 //! Usage: agent-bench [--seconds-per-run S] [--runs N] [--only baseline|agent]
-//! (`--only` runs one side alone, for profiling it with perf or strace.)
+//!        [--rdma DEV:GID_INDEX,DEV:GID_INDEX]
+//! (`--only` runs one side alone, for profiling it with perf or strace. `--rdma` runs
+//! the agent's drivers over the rdma transport between the two GIDs instead, with no
+//! baseline: on an RDMA host or in the soft-RoCE VM, where `ibv_ud_pingpong` between the
+//! same GIDs is the reference; one JSON line per run.)
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
@@ -15,7 +19,7 @@ use rpingmesh_protocol::wire::ProbePacket;
 use rpingmesh_protocol::PinglistKind;
 use rpingmesh_verbs::clock::monotonic_ns;
 use rpingmesh_verbs::udp::UdpEndpoint;
-use rpingmesh_verbs::{SendParams, TransportEvent};
+use rpingmesh_verbs::{SendParams, Transport, TransportEvent};
 use serde_json::json;
 
 fn bind() -> UdpEndpoint {
@@ -99,9 +103,41 @@ fn pingpong(dur: Duration) -> f64 {
     })
 }
 
+/// The two endpoints the agent drivers run on.
+#[derive(Clone)]
+enum Link {
+    Udp,
+    /// (device, GID index) of each side.
+    Rdma([(String, u32); 2]),
+}
+
+impl Link {
+    fn open(&self, side: usize) -> Transport {
+        match self {
+            Link::Udp => bind().into(),
+            Link::Rdma(sides) => {
+                let (dev, gid) = &sides[side];
+                let mut o = rpingmesh_verbs::rdma::RdmaOptions::new(dev);
+                o.gid_index = *gid;
+                match rpingmesh_verbs::rdma::open_rdma_with(&o) {
+                    Ok(ep) => ep.into(),
+                    Err(e) => {
+                        eprintln!("agent-bench: {e}");
+                        std::process::exit(1);
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// The agent: driver A probes driver B (B answers), one target, the limiter far above
 /// what the protocol can do; `in_flight` probes may be outstanding at once.
 fn agent(dur: Duration, in_flight: usize) -> (f64, u64) {
+    agent_on(&Link::Udp, dur, in_flight)
+}
+
+fn agent_on(link: &Link, dur: Duration, in_flight: usize) -> (f64, u64) {
     rt().block_on(async move {
         let params = |tor: &str| DriverParams {
             source_tor: tor.into(),
@@ -120,8 +156,8 @@ fn agent(dur: Duration, in_flight: usize) -> (f64, u64) {
             service_names: Default::default(),
             rate_multiplier: None,
         };
-        let a = RnicDriver::new(bind(), params("tor-a"), Metrics::disabled());
-        let b = RnicDriver::new(bind(), params("tor-b"), Metrics::disabled());
+        let a = RnicDriver::new(link.open(0), params("tor-a"), Metrics::disabled());
+        let b = RnicDriver::new(link.open(1), params("tor-b"), Metrics::disabled());
         let target = ProbeTarget::new(b.local().gid, b.local().qpn, "tor-b", PinglistKind::TorMesh);
         let (hb, tb) = StaticDriver::spawn(b, Pinglists::default(), None, None);
         let (ha, ta) = StaticDriver::spawn(
@@ -160,6 +196,7 @@ fn main() {
     let mut secs = 1.5f64;
     let mut runs = 5usize;
     let mut only: Option<String> = None;
+    let mut rdma: Option<Link> = None;
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
     while i < args.len() {
@@ -168,12 +205,26 @@ fn main() {
             ("--seconds-per-run", Some(v)) => secs = v.parse().unwrap_or_else(|_| usage(&args[i])),
             ("--runs", Some(v)) => runs = v.parse().unwrap_or_else(|_| usage(&args[i])),
             ("--only", Some(v)) if v == "baseline" || v == "agent" => only = Some(v.clone()),
+            ("--rdma", Some(v)) => rdma = Some(parse_rdma(v).unwrap_or_else(|| usage(v))),
             (other, _) => usage(other),
         }
         i += 2;
     }
     let dur = Duration::from_secs_f64(secs.max(0.1));
     let runs = runs.max(1);
+    if let Some(link) = rdma {
+        for _ in 0..runs {
+            let (r, bad) = agent_on(&link, dur, 1);
+            let (piped, piped_bad) = agent_on(&link, dur, 16);
+            println!(
+                "{}",
+                json!({"bench": "agent_rdma_probe_round_trips", "unit": "probes/s", "value": r,
+                       "pipelined_16": piped, "seconds": dur.as_secs_f64(),
+                       "failed_or_invalid": bad + piped_bad})
+            );
+        }
+        return;
+    }
     let mut base = Vec::new();
     let mut ours = Vec::new();
     let mut failures = 0;
@@ -237,6 +288,17 @@ fn main() {
     );
 }
 
+/// `DEV:GID,DEV:GID`.
+fn parse_rdma(v: &str) -> Option<Link> {
+    let mut sides = v.split(',').map(|side| {
+        let (d, g) = side.split_once(':')?;
+        Some((d.to_string(), g.parse().ok()?))
+    });
+    let a = sides.next()??;
+    let b = sides.next()??;
+    sides.next().is_none().then_some(Link::Rdma([a, b]))
+}
+
 fn min_max(v: &[f64]) -> (f64, f64) {
     v.iter()
         .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), x| {
@@ -246,7 +308,7 @@ fn min_max(v: &[f64]) -> (f64, f64) {
 
 fn usage(arg: &str) -> ! {
     eprintln!(
-        "agent-bench: bad argument {arg:?}; usage: agent-bench [--seconds-per-run S] [--runs N] [--only baseline|agent]"
+        "agent-bench: bad argument {arg:?}; usage: agent-bench [--seconds-per-run S] [--runs N] [--only baseline|agent] [--rdma DEV:GID,DEV:GID]"
     );
     std::process::exit(2);
 }

@@ -5,6 +5,8 @@
 //! per scenario. It asserts nothing: the host test does, on these files.
 //!
 //! Usage: rpingmesh-vm-guest --out DIR [--only SCENARIO[,SCENARIO]]
+//! (`--only bench_rdma` runs the benchmark of `cargo xtask bench`, with the binaries
+//! next to this one: run the release build's copy for meaningful numbers.)
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
@@ -50,10 +52,17 @@ fn main() {
         facts["error"] = json!(format!("{e:#}"));
     }
     write_json(&out.join("guest.json"), &facts);
-    for name in SCENARIOS {
-        if only.as_ref().is_some_and(|o| !o.iter().any(|s| s == name)) {
-            continue;
-        }
+    // The tests' scenarios by default; the benchmark only when asked for.
+    let names: Vec<&str> = match &only {
+        Some(o) => SCENARIOS
+            .iter()
+            .chain(&[BENCH_SCENARIO])
+            .copied()
+            .filter(|n| o.iter().any(|s| s == n))
+            .collect(),
+        None => SCENARIOS.to_vec(),
+    };
+    for name in names {
         let started = Instant::now();
         let dir = out.join(name);
         let _ = std::fs::create_dir_all(&dir);
@@ -63,6 +72,7 @@ fn main() {
                 "ud_probing" => ud_probing(&dir).await,
                 "service_kprobe" => service_tracing(&dir, "auto").await,
                 "service_uprobe" => service_tracing(&dir, "uprobe").await,
+                BENCH_SCENARIO => bench_rdma(&dir).await,
                 _ => bail!("unknown scenario"),
             }
         });
@@ -441,14 +451,25 @@ fn hw_check_rtt(dir: &Path, gid_a: u32, gid_b: u32, round: u32) -> Value {
 /// `ibv_ud_pingpong` between two GID indexes of the UD device, busy-polling and (`-e`)
 /// sleeping on completion events like the agent: each one's usec/iter.
 fn ud_pingpong_reference(dir: &Path, gid_a: u32, gid_b: u32, round: u32) -> Value {
+    ud_pingpong_between(dir, (UD_DEVICE, gid_a), (UD_DEVICE, gid_b), 1000, round)
+}
+
+/// `ibv_ud_pingpong` between (device, GID index) `a` (server) and `b`, `iters` round trips
+/// of 40 bytes, busy-polling and with `-e`: each one's usec/iter.
+fn ud_pingpong_between(
+    dir: &Path,
+    a: (&str, u32),
+    b: (&str, u32),
+    iters: u32,
+    round: u32,
+) -> Value {
+    let (gid_a, gid_b) = (a.1, b.1);
     let run = |events: bool, port: u16| -> Result<Value> {
         let mut common: Vec<String> = [
-            "-d",
-            UD_DEVICE,
             "-p",
             &port.to_string(),
             "-n",
-            "1000",
+            &iters.to_string(),
             "-s",
             "40",
         ]
@@ -458,24 +479,30 @@ fn ud_pingpong_reference(dir: &Path, gid_a: u32, gid_b: u32, round: u32) -> Valu
             common.push("-e".into());
         }
         let tag = format!("{}-{round}", if events { "events" } else { "busy" });
-        let mut a = common.clone();
-        a.extend(["-g".into(), gid_a.to_string()]);
+        let mut sa = common.clone();
+        sa.extend(["-d".into(), a.0.into(), "-g".into(), gid_a.to_string()]);
         let mut server = Proc::spawn(
             dir,
             &format!("ud_pingpong-{tag}-server"),
             None,
             Path::new("ibv_ud_pingpong"),
-            &a,
+            &sa,
         )?;
         wait_listening(port, Duration::from_secs(20))?;
-        let mut b = common;
-        b.extend(["-g".into(), gid_b.to_string(), "127.0.0.1".into()]);
+        let mut sb = common;
+        sb.extend([
+            "-d".into(),
+            b.0.into(),
+            "-g".into(),
+            gid_b.to_string(),
+            "127.0.0.1".into(),
+        ]);
         let mut client = Proc::spawn(
             dir,
             &format!("ud_pingpong-{tag}-client"),
             None,
             Path::new("ibv_ud_pingpong"),
-            &b,
+            &sb,
         )?;
         client.wait_exit(Duration::from_secs(60));
         server.wait_exit(Duration::from_secs(5));
@@ -1063,8 +1090,11 @@ async fn service_tracing(dir: &Path, mode: &str) -> Result<Value> {
         let mut pairs = Vec::new();
         for _ in 0..CHURN_PAIRS {
             let f = p.line("pair")?;
-            pairs.push(json!({"qpn_a": f[0].parse::<u32>()?, "qpn_b": f[1].parse::<u32>()?,
-                              "flow_label": f[2].parse::<u32>()?, "rtr_unix_ns": f[3].parse::<u64>()?}));
+            pairs.push(
+                json!({"qpn_a": f[0].parse::<u32>()?, "qpn_b": f[1].parse::<u32>()?,
+                              "flow_label": f[2].parse::<u32>()?,
+                              "rtr_unix_ns": [f[3].parse::<u64>()?, f[4].parse::<u64>()?]}),
+            );
         }
         let run = ServiceRun {
             endpoint: &ep,
@@ -1105,4 +1135,144 @@ async fn service_tracing(dir: &Path, mode: &str) -> Result<Value> {
         })
         .collect::<BTreeMap<_, _>>());
     Ok(v)
+}
+
+// ------------------------------------------------------------------------------ bench
+
+/// The numbers of `cargo xtask bench` that need real RDMA (run from the release build):
+/// 1. probe round trips/s of the agent's drivers over rxe (agent-bench --rdma) against
+///    `ibv_ud_pingpong` between the same two GIDs, rounds alternated;
+/// 2. service-path latency: from a QP's modify to RTR (rdma-qp-churn stamps it) until the
+///    controller lists the path, for `BENCH_PAIRS` pairs, with agents in kprobe mode.
+async fn bench_rdma(dir: &Path) -> Result<Value> {
+    svc_network()?;
+    let g = [svc_gid_index(0), svc_gid_index(1)];
+    let mut rounds = Vec::new();
+    for round in 0..BENCH_ROUNDS {
+        let mut p = Proc::spawn(
+            dir,
+            &format!("agent-bench-{round}"),
+            None,
+            &bin("agent-bench"),
+            &[
+                "--rdma".to_string(),
+                format!("{}:{},{}:{}", SVC_DEVICES[0], g[0], SVC_DEVICES[1], g[1]),
+                "--runs".into(),
+                "1".into(),
+                "--seconds-per-run".into(),
+                BENCH_SECONDS.to_string(),
+            ],
+        )?;
+        p.wait_exit(Duration::from_secs(120))
+            .context("agent-bench did not finish")?;
+        let agent: Value = p
+            .stdout()
+            .lines()
+            .find_map(|l| serde_json::from_str(l).ok())
+            .with_context(|| format!("agent-bench printed nothing: {}", p.stderr()))?;
+        let ud = ud_pingpong_between(
+            dir,
+            (SVC_DEVICES[0], g[0]),
+            (SVC_DEVICES[1], g[1]),
+            5000,
+            round,
+        );
+        rounds.push(json!({ "agent": agent, "ud_pingpong": ud }));
+    }
+
+    // Service-path latency.
+    let ctl = spawn_controller(
+        dir,
+        "controller",
+        None,
+        "127.0.0.1:0",
+        &["--metrics-enabled", "false"],
+    )?;
+    let ep = ctl.endpoint();
+    let extra = [
+        (
+            "--service-flow-report-interval-ms",
+            BENCH_REPORT_INTERVAL_MS.to_string(),
+        ),
+        ("--pinglist-update-interval-sec", "5".into()),
+    ];
+    let mut agents = Vec::new();
+    for i in 0..2 {
+        agents.push(rdma_agent(
+            dir,
+            &format!("bench-{i}"),
+            SVC_TORS[i],
+            &ctl,
+            SVC_DEVICES[i],
+            g[i],
+            &extra,
+        )?);
+    }
+    wait_rnics(&ep, 2, Duration::from_secs(60)).await?;
+    for a in &agents {
+        wait_for(
+            Duration::from_secs(90),
+            Duration::from_millis(100),
+            || async { a.stderr().contains("service tracing on").then_some(()) },
+        )
+        .await
+        .with_context(|| format!("{}: tracing never came on", a.name))?;
+    }
+    let mut p = Driven::spawn(
+        &bin("rdma-qp-churn"),
+        &[
+            "--dev-a",
+            SVC_DEVICES[0],
+            "--gid-a",
+            &g[0].to_string(),
+            "--dev-b",
+            SVC_DEVICES[1],
+            "--gid-b",
+            &g[1].to_string(),
+            "--churn",
+            "0",
+            "--pairs",
+            &BENCH_PAIRS.to_string(),
+        ]
+        .map(String::from),
+        &dir.join("qp-churn.stderr"),
+    )?;
+    p.line("ready")?;
+    p.line("churned")?;
+    // (local QPN) -> RTR time, for both sides of every pair.
+    let mut rtr: BTreeMap<u32, u64> = BTreeMap::new();
+    for _ in 0..BENCH_PAIRS {
+        let f = p.line("pair")?;
+        rtr.insert(f[0].parse()?, f[3].parse()?);
+        rtr.insert(f[1].parse()?, f[4].parse()?);
+    }
+    // First time each QP is listed: sampled every 20 ms.
+    let mut listed: BTreeMap<u32, u64> = BTreeMap::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut op = operator(&ep).await?;
+    while listed.len() < rtr.len() && Instant::now() < deadline {
+        let paths = op
+            .list_service_paths(ListServicePathsRequest::default())
+            .await
+            .map(|r| r.into_inner().paths)
+            .unwrap_or_default();
+        let now = unix_ns_now();
+        for q in paths.iter().flat_map(|p| &p.qps) {
+            if rtr.contains_key(&q.local_qpn) {
+                listed.entry(q.local_qpn).or_insert(now);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = p.say("destroy");
+    let latencies_ms: Vec<f64> = listed
+        .iter()
+        .map(|(q, at)| at.saturating_sub(rtr[q]) as f64 / 1e6)
+        .collect();
+    Ok(json!({
+        "rounds": rounds,
+        "service_path_latency_ms": latencies_ms,
+        "qps": rtr.len(),
+        "report_interval_ms": BENCH_REPORT_INTERVAL_MS,
+    }))
 }

@@ -512,47 +512,27 @@ struct Ready {
 }
 
 impl Poller {
-    /// Sleeps on the completion channel, never spins: drain the CQ, arm it, drain once
-    /// more (a completion that landed before the arm raises no event), then wait in
-    /// poll(2) for the channel, the async-event fd or the stop eventfd. The software
-    /// timestamp of a receive is read right after the wake-up, with no back-off sleep
-    /// in between.
+    /// Sleeps on the completion channel, never spins. On each wake-up it first drains
+    /// the CQ, so a receive's software timestamp is taken before anything else (the
+    /// channel's event is read and acknowledged afterwards); then it re-arms the CQ and
+    /// drains once more, since a completion that lands before the arm raises no event.
+    /// poll(2) also watches the async-event fd and the stop eventfd.
     fn run(mut self) {
         let mut batch: Vec<(WcRecord, Option<u64>)> = Vec::with_capacity(POLL_BATCH);
         let mut slot_buf = vec![0u8; RECV_SLOT_LEN];
         let mut next_health = Instant::now() + HEALTH_INTERVAL;
-        // When the channel last woke us: the completions that raised the event were
-        // queued before it, so that moment (not a few syscalls later) is their time.
-        let mut woke_at: Option<u64> = None;
+        if self.rearm(&mut batch, &mut slot_buf).is_err() {
+            return;
+        }
         loop {
             if self.shared.stop.load(Ordering::Acquire)
                 || self.shared.failed.load(Ordering::Acquire)
             {
                 break;
             }
-            if self
-                .drain(&mut batch, &mut slot_buf, woke_at.take())
-                .is_err()
-            {
-                break;
-            }
-            if let Err(e) = self.shared.cq.arm() {
-                self.shared.fail(e);
-                break;
-            }
-            match self.drain(&mut batch, &mut slot_buf, None) {
-                Err(()) => break,
-                Ok(n) if n > 0 => continue,
-                Ok(_) => {}
-            }
             let timeout = next_health.saturating_duration_since(Instant::now());
             let ready = match self.wait(timeout) {
-                Ok(r) => {
-                    if r.cq {
-                        woke_at = Some(clock::monotonic_ns());
-                    }
-                    r
-                }
+                Ok(r) => r,
                 Err(e) => {
                     self.shared.fail(RdmaError::Verbs {
                         device: self.shared.ctx.name().to_string(),
@@ -563,8 +543,14 @@ impl Poller {
                 }
             };
             if ready.cq {
+                if self.drain(&mut batch, &mut slot_buf).is_err() {
+                    break;
+                }
                 if let Err(e) = self.shared.channel.drain_events() {
                     self.shared.fail(e);
+                    break;
+                }
+                if self.rearm(&mut batch, &mut slot_buf).is_err() {
                     break;
                 }
             }
@@ -573,6 +559,19 @@ impl Poller {
                 self.health_check();
             }
         }
+    }
+
+    /// Arms the CQ, then drains what arrived before the arm took effect.
+    fn rearm(
+        &mut self,
+        batch: &mut Vec<(WcRecord, Option<u64>)>,
+        slot_buf: &mut [u8],
+    ) -> Result<(), ()> {
+        if let Err(e) = self.shared.cq.arm() {
+            self.shared.fail(e);
+            return Err(());
+        }
+        self.drain(batch, slot_buf).map(drop)
     }
 
     /// Waits up to `timeout` for the CQ channel, async events or the stop eventfd.
@@ -610,14 +609,15 @@ impl Poller {
         })
     }
 
-    /// Polls the CQ until it is empty, delivering every completion; the first batch gets
-    /// `first_ts` as its software time when given (the wake-up), later ones their poll
-    /// time. Err after a failure (already recorded in `shared`).
+    /// Polls the CQ until it is empty, delivering every completion. A receive's software
+    /// time is read right after the poll that returned it, never earlier: the wake-up
+    /// time would precede a completion that came in while the poller was already awake
+    /// for another one (and made T5 < T4). Err after a failure (already recorded in
+    /// `shared`).
     fn drain(
         &mut self,
         batch: &mut Vec<(WcRecord, Option<u64>)>,
         slot_buf: &mut [u8],
-        mut first_ts: Option<u64>,
     ) -> Result<usize, ()> {
         let mut total = 0;
         let mut delivered = false;
@@ -630,7 +630,7 @@ impl Poller {
                     return Err(());
                 }
             };
-            let sw_ts = first_ts.take().unwrap_or_else(clock::monotonic_ns);
+            let sw_ts = clock::monotonic_ns();
             for (mut rec, raw) in batch.drain(..) {
                 let kind = WrKind::from_wr_id(rec.wr_id);
                 rec.ts_ns = self.timestamp(kind, raw, sw_ts);
