@@ -1239,15 +1239,17 @@ async fn bench_rdma(dir: &Path) -> Result<Value> {
     )?;
     p.line("ready")?;
     p.line("churned")?;
-    // (local QPN) -> RTR time, for both sides of every pair.
-    let mut rtr: BTreeMap<u32, u64> = BTreeMap::new();
+    // (local GID, local QPN) -> RTR time, for both sides of every pair (the two devices
+    // number their QPs independently, so a QPN alone is ambiguous).
+    let gids = [v4_gid(SVC_IPS[0]), v4_gid(SVC_IPS[1])];
+    let mut rtr: BTreeMap<(String, u32), u64> = BTreeMap::new();
     for _ in 0..BENCH_PAIRS {
         let f = p.line("pair")?;
-        rtr.insert(f[0].parse()?, f[3].parse()?);
-        rtr.insert(f[1].parse()?, f[4].parse()?);
+        rtr.insert((gids[0].clone(), f[0].parse()?), f[3].parse()?);
+        rtr.insert((gids[1].clone(), f[1].parse()?), f[4].parse()?);
     }
     // First time each QP is listed: sampled every 20 ms.
-    let mut listed: BTreeMap<u32, u64> = BTreeMap::new();
+    let mut listed: BTreeMap<(String, u32), u64> = BTreeMap::new();
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut op = operator(&ep).await?;
     while listed.len() < rtr.len() && Instant::now() < deadline {
@@ -1257,9 +1259,12 @@ async fn bench_rdma(dir: &Path) -> Result<Value> {
             .map(|r| r.into_inner().paths)
             .unwrap_or_default();
         let now = unix_ns_now();
-        for q in paths.iter().flat_map(|p| &p.qps) {
-            if rtr.contains_key(&q.local_qpn) {
-                listed.entry(q.local_qpn).or_insert(now);
+        for p in &paths {
+            for q in &p.qps {
+                let k = (p.source_gid.clone(), q.local_qpn);
+                if rtr.contains_key(&k) {
+                    listed.entry(k).or_insert(now);
+                }
             }
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
