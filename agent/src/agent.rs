@@ -13,7 +13,9 @@ use rpingmesh_verbs::{Transport, VerbsError};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::cluster_monitor::{monitored_kinds, run_cluster_monitor, MonitorParams, Registrar};
+use crate::cluster_monitor::{
+    monitored_kinds, run_cluster_monitor, run_heartbeat, MonitorParams, Registrar,
+};
 use crate::config::{AgentConfig, ServiceTracingMode};
 use crate::controller_client::{registration_request, ControllerClient, LocalRnic};
 use crate::reopen::{ReopenStep, Reopener};
@@ -217,6 +219,10 @@ pub fn start<R: Into<OpenedRnic>>(
             shutdown_tx.subscribe(),
         )));
     }
+    monitors.push(tokio::spawn(run_heartbeat(
+        registrar.clone(),
+        shutdown_tx.subscribe(),
+    )));
     Ok(RunningAgent {
         shutdown: shutdown_tx,
         drivers,

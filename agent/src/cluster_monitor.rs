@@ -1,6 +1,8 @@
 //! Keeps each RNIC's pinglists fresh: fetched at start and every
 //! `pinglist_update_interval_sec`; on error the cached lists stay and the fetch is retried
 //! with backoff; NotFound (the controller restarted and lost us) re-registers first.
+//! Keeps the agent alive at the controller: it registers again every heartbeat interval
+//! (the Go agent's way, so a Go controller keeps us active too; ours says how often).
 //! Nothing here gates the responder: probes are answered whatever the controller does.
 
 use std::sync::Arc;
@@ -24,6 +26,20 @@ struct RegState {
     request: AgentRegistrationRequest,
     registered: bool,
     failing: bool,
+    /// As the controller last asked (DEFAULT_HEARTBEAT until it says otherwise).
+    heartbeat: Duration,
+}
+
+/// The Go agent's heartbeat, used when the controller does not name one.
+pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(60);
+
+/// The heartbeat to keep: the controller's, else the Go agent's 60 s.
+pub fn heartbeat_interval(controller_sec: u32) -> Duration {
+    if controller_sec == 0 {
+        DEFAULT_HEARTBEAT
+    } else {
+        Duration::from_secs(controller_sec as u64)
+    }
 }
 
 impl Registrar {
@@ -34,6 +50,7 @@ impl Registrar {
                 request,
                 registered: false,
                 failing: false,
+                heartbeat: DEFAULT_HEARTBEAT,
             }),
         }
     }
@@ -68,16 +85,44 @@ impl Registrar {
         if st.registered {
             return Ok(());
         }
+        self.register_locked(&mut st, false).await
+    }
+
+    /// Registers again whatever the state: the heartbeat that keeps this agent's RNICs
+    /// active at the controller. A failure marks the agent unregistered, so the cluster
+    /// monitors register before their next fetch as well.
+    pub async fn heartbeat(&self) -> Result<(), ControllerError> {
+        let mut st = self.state.lock().await;
+        self.register_locked(&mut st, true).await
+    }
+
+    /// How often to heartbeat, as the controller last asked.
+    pub async fn heartbeat_interval(&self) -> Duration {
+        self.state.lock().await.heartbeat
+    }
+
+    async fn register_locked(
+        &self,
+        st: &mut RegState,
+        heartbeat: bool,
+    ) -> Result<(), ControllerError> {
         match self.client.register(st.request.clone()).await {
-            Ok(()) => {
+            Ok(hb) => {
+                let was = st.registered;
                 st.registered = true;
                 st.failing = false;
-                tracing::info!(
-                    controller = self.client.addr(),
-                    agent_id = %st.request.agent_id,
-                    rnics = st.request.rnics.len(),
-                    "registered with controller"
-                );
+                st.heartbeat = heartbeat_interval(hb);
+                if heartbeat && was {
+                    tracing::debug!(agent_id = %st.request.agent_id, "heartbeat");
+                } else {
+                    tracing::info!(
+                        controller = self.client.addr(),
+                        agent_id = %st.request.agent_id,
+                        rnics = st.request.rnics.len(),
+                        heartbeat_sec = st.heartbeat.as_secs(),
+                        "registered with controller"
+                    );
+                }
                 Ok(())
             }
             Err(e) => {
@@ -91,6 +136,7 @@ impl Registrar {
                     tracing::debug!(controller = self.client.addr(), error = %e, "registration retry failed");
                 }
                 st.failing = true;
+                st.registered = false;
                 Err(e)
             }
         }
@@ -103,6 +149,19 @@ impl Registrar {
 
     pub async fn is_registered(&self) -> bool {
         self.state.lock().await.registered
+    }
+}
+
+/// Registers again every heartbeat interval until shutdown (a failed heartbeat is
+/// retried at the next one; the cluster monitors also register on their own).
+pub async fn run_heartbeat(registrar: Arc<Registrar>, mut shutdown: watch::Receiver<bool>) {
+    loop {
+        let every = registrar.heartbeat_interval().await;
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = shutdown.wait_for(|s| *s) => return,
+        }
+        let _ = registrar.heartbeat().await;
     }
 }
 
@@ -255,6 +314,12 @@ async fn refresh(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn heartbeat_follows_the_controller_else_go_default() {
+        assert_eq!(heartbeat_interval(0), Duration::from_secs(60));
+        assert_eq!(heartbeat_interval(2), Duration::from_secs(2));
+    }
 
     #[test]
     fn backoff_doubles_and_caps() {

@@ -135,7 +135,9 @@ impl ControllerClient {
         &self.addr
     }
 
-    pub async fn register(&self, req: AgentRegistrationRequest) -> Result<(), ControllerError> {
+    /// Registers; returns the heartbeat interval the controller asks for (0 = none given,
+    /// as from a Go controller).
+    pub async fn register(&self, req: AgentRegistrationRequest) -> Result<u32, ControllerError> {
         let resp = self
             .inner
             .clone()
@@ -144,7 +146,7 @@ impl ControllerClient {
             .map_err(ControllerError::Rpc)?
             .into_inner();
         if resp.success {
-            Ok(())
+            Ok(resp.heartbeat_interval_sec)
         } else {
             Err(ControllerError::Rejected(resp.message))
         }

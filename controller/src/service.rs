@@ -128,6 +128,23 @@ impl ControllerState {
         self.service_table().expire(now)
     }
 
+    /// Any agent RPC is a sign of life: refreshes the agent's `last_updated` (and its
+    /// RNICs'), but writes to the store at most once per quarter of the active threshold,
+    /// so frequent RPCs cost a read of the index, not a store write each.
+    pub fn note_alive(&self, agent_id: &str) {
+        let now = self.now_sec();
+        let refresh_after = (self.pinglist.active_threshold_sec / 4).max(1);
+        let due = match self.registry.index().agent(agent_id) {
+            Some(a) => now.saturating_sub(a.last_updated) >= refresh_after,
+            None => false,
+        };
+        if due {
+            if let Err(e) = self.registry.touch(agent_id, now) {
+                tracing::error!(agent_id, error = %e, "refreshing agent liveness failed");
+            }
+        }
+    }
+
     /// One stale sweep; returns the RNICs removed.
     pub fn remove_stale(&self) -> Result<usize, RegistryError> {
         self.registry
@@ -187,6 +204,12 @@ fn store_err(e: RegistryError) -> Status {
     Status::internal(e.to_string())
 }
 
+/// The heartbeat the controller asks of agents: three per active threshold (two may be
+/// lost before the agent goes inactive), at most the Go agent's 60 s, at least 1 s.
+pub fn heartbeat_interval_sec(active_threshold_sec: u64) -> u32 {
+    (active_threshold_sec / 3).clamp(1, 60) as u32
+}
+
 #[derive(Clone)]
 pub struct ControllerSvc(pub Arc<ControllerState>);
 
@@ -219,6 +242,7 @@ impl ControllerService for ControllerSvc {
             st.service_table()
                 .apply(&agent_id, idx.agent_gids(&agent_id), req, now)
         };
+        st.note_alive(&agent_id);
         if out.dropped_bad_gid > 0 {
             tracing::warn!(
                 agent_id = %agent_id,
@@ -330,6 +354,7 @@ impl ControllerService for ControllerSvc {
                 rnics.len(),
                 agent.agent_id
             ),
+            heartbeat_interval_sec: heartbeat_interval_sec(self.0.pinglist.active_threshold_sec),
         }))
     }
 
@@ -407,7 +432,14 @@ impl ControllerService for ControllerSvc {
                 out
             }
         };
+        let owner = match &requester {
+            Some(g) => idx.rnic(g).map(|r| r.agent_id.clone()),
+            None => Some(req.agent_id.clone()),
+        };
         drop(idx);
+        if let Some(agent) = owner {
+            st.note_alive(&agent);
+        }
         Ok(Response::new(PinglistResponse {
             targets,
             r#type: ty as i32,
@@ -420,6 +452,7 @@ impl ControllerService for ControllerSvc {
     ) -> Result<Response<ProbeAnalysisAck>, Status> {
         let req = request.into_inner();
         let st = &self.0;
+        st.note_alive(&req.agent_id);
         let Some(analyzer) = &st.analyzer else {
             return Ok(Response::new(ProbeAnalysisAck {
                 accepted: false,
