@@ -94,8 +94,10 @@ pub struct RunningAgent {
     monitors: Vec<JoinHandle<()>>,
     reporter: Option<JoinHandle<()>>,
     flow_reporter: Option<JoinHandle<()>>,
-    /// The running service tracer (None: tracing off, the reason was logged).
-    pub tracer: Option<Arc<rpingmesh_service_tracer::ServiceTracer>>,
+    /// The running service tracer (None: tracing off, the reason was logged). Weak: the
+    /// flow reporter owns it, and it is detached when the reporter ends (e.g. a
+    /// controller without service paths).
+    pub tracer: Option<std::sync::Weak<rpingmesh_service_tracer::ServiceTracer>>,
     pub stats: Vec<Arc<DriverStats>>,
     pub registrar: Arc<Registrar>,
     /// The probe-rate multiplier every driver follows (Some when self_protection_enabled):
@@ -147,9 +149,10 @@ pub fn start<R: Into<OpenedRnic>>(
         .collect();
     let tracer = service::start_tracer(cfg, devices);
     let (kick_tx, kick_rx) = watch::channel(0u64);
-    let flow_reporter = tracer.as_ref().map(|t| {
+    let tracer_handle = tracer.as_ref().map(Arc::downgrade);
+    let flow_reporter = tracer.map(|t| {
         tokio::spawn(service::run_flow_reporter(
-            t.clone(),
+            t,
             client.clone(),
             registrar.clone(),
             FlowReporterParams {
@@ -229,7 +232,7 @@ pub fn start<R: Into<OpenedRnic>>(
         monitors,
         reporter,
         flow_reporter,
-        tracer,
+        tracer: tracer_handle,
         stats,
         registrar,
         rate_multiplier,

@@ -209,10 +209,17 @@ pub async fn run_cluster_monitor(
     let mut failures = 0u32;
     let cap = params.update_interval.min(Duration::from_secs(60));
     let mut kick = params.service_kick.take();
-    let kinds = params.kinds.clone();
-    let service = kinds.contains(&PinglistKind::Service);
+    let mut kinds = params.kinds.clone();
+    let mut service = kinds.contains(&PinglistKind::Service);
     loop {
-        let ok = refresh(&registrar, &client, &params, &kinds, &mut cached, &tx).await;
+        let (ok, service_unsupported) =
+            refresh(&registrar, &client, &params, &kinds, &mut cached, &tx).await;
+        if service_unsupported && service {
+            tracing::info!(gid = %params.requester_gid, "the controller has no SERVICE pinglists (a Go controller?); fetching ToR-mesh and inter-ToR only");
+            kinds.retain(|k| *k != PinglistKind::Service);
+            service = false;
+            kick = None;
+        }
         let wait = if ok {
             if failures > 0 {
                 tracing::info!(gid = %params.requester_gid, "pinglists fetched again");
@@ -258,8 +265,9 @@ pub async fn run_cluster_monitor(
     }
 }
 
-/// One refresh of `kinds`; true when all were fetched. A list that fails keeps its
-/// cached value.
+/// One refresh of `kinds`: (all fetched, the controller does not support SERVICE lists).
+/// A list that fails keeps its cached value; an unsupported SERVICE list is emptied and
+/// does not count as a failure (ToR-mesh and inter-ToR refresh on their schedule).
 async fn refresh(
     registrar: &Registrar,
     client: &ControllerClient,
@@ -267,11 +275,12 @@ async fn refresh(
     kinds: &[PinglistKind],
     cached: &mut Pinglists,
     tx: &watch::Sender<Arc<Pinglists>>,
-) -> bool {
+) -> (bool, bool) {
     if registrar.ensure_registered().await.is_err() {
-        return false;
+        return (false, false);
     }
     let mut all_ok = true;
+    let mut service_unsupported = false;
     let mut changed = false;
     for &kind in kinds {
         let mut res = client
@@ -281,7 +290,7 @@ async fn refresh(
             tracing::warn!(gid = %p.requester_gid, "controller does not know this agent (restarted?); registering again");
             registrar.invalidate().await;
             if registrar.ensure_registered().await.is_err() {
-                return false;
+                return (false, false);
             }
             res = client
                 .get_pinglist(&p.agent_id, &p.tor_id, &p.requester_gid, kind)
@@ -299,6 +308,13 @@ async fn refresh(
                     changed = true;
                 }
             }
+            Err(e) if kind == PinglistKind::Service && e.is_unsupported() => {
+                service_unsupported = true;
+                if !cached.list(kind).is_empty() {
+                    cached.list_mut(kind).clear();
+                    changed = true;
+                }
+            }
             Err(e) => {
                 all_ok = false;
                 tracing::warn!(gid = %p.requester_gid, ?kind, error = %e, "pinglist fetch failed; keeping the cached list");
@@ -308,7 +324,7 @@ async fn refresh(
     if changed {
         tx.send_replace(Arc::new(cached.clone()));
     }
-    all_ok
+    (all_ok, service_unsupported)
 }
 
 #[cfg(test)]

@@ -378,7 +378,18 @@ impl AgentConfig {
     /// validates. `env` is passed in (not read from the process) so tests stay hermetic.
     pub fn load_from(cli: &CliArgs, env: &[(String, String)]) -> Result<Self, ConfigError> {
         let mut fig = Figment::from(Serialized::defaults(AgentConfig::default()));
-        if let Some(path) = &cli.config {
+        // Without --config, agent.yaml in ., $HOME/.rpingmesh, /etc/rpingmesh (as Go).
+        let home = env
+            .iter()
+            .find(|(k, _)| k == "HOME")
+            .map(|(_, v)| v.as_str());
+        let file = cli.config.clone().or_else(|| {
+            rpingmesh_proto::host::find_config(
+                "agent.yaml",
+                &rpingmesh_proto::host::config_search_path(home),
+            )
+        });
+        if let Some(path) = &file {
             if !path.is_file() {
                 return Err(err(format!(
                     "config file {} does not exist or is not a file",
@@ -389,9 +400,16 @@ impl AgentConfig {
         }
         fig = fig.merge(EnvProvider::new(env));
         fig = fig.merge(Serialized::defaults(cli));
-        let cfg: AgentConfig = fig
+        let mut cfg: AgentConfig = fig
             .extract()
-            .map_err(|e| figment_error(e, cli.config.as_deref()))?;
+            .map_err(|e| figment_error(e, file.as_deref()))?;
+        // As in Go: an empty hostname is detected, an empty agent_id is the hostname.
+        if cfg.hostname.trim().is_empty() {
+            cfg.hostname = local_hostname();
+        }
+        if cfg.agent_id.trim().is_empty() {
+            cfg.agent_id = cfg.hostname.clone();
+        }
         cfg.validate()?;
         Ok(cfg)
     }
@@ -804,20 +822,7 @@ impl<'de> serde::de::Visitor<'de> for StringMap {
     }
 }
 
-/// The host name from gethostname(2); "localhost" when it cannot be read.
-pub fn local_hostname() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: buf is valid for buf.len() bytes; gethostname NUL-terminates on success.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    if rc != 0 {
-        return "localhost".into();
-    }
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    match std::str::from_utf8(&buf[..end]) {
-        Ok(s) if !s.is_empty() => s.to_string(),
-        _ => "localhost".into(),
-    }
-}
+pub use rpingmesh_proto::host::local_hostname;
 
 #[cfg(test)]
 mod tests {

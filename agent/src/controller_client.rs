@@ -28,17 +28,18 @@ impl ControllerError {
     pub fn is_not_found(&self) -> bool {
         matches!(self, ControllerError::Rpc(s) if s.code() == tonic::Code::NotFound)
     }
+
+    /// The controller does not have this rpingmesh addition (a Go controller answers
+    /// UNIMPLEMENTED for an unknown RPC and INVALID_ARGUMENT for an unknown pinglist type).
+    pub fn is_unsupported(&self) -> bool {
+        matches!(self, ControllerError::Rpc(s)
+            if matches!(s.code(), tonic::Code::Unimplemented | tonic::Code::InvalidArgument))
+    }
 }
 
 /// `host:port` gets `http://` (or `https://` with TLS); an explicit scheme is kept.
 pub fn controller_uri(addr: &str, tls: bool) -> String {
-    if addr.contains("://") {
-        addr.to_string()
-    } else if tls {
-        format!("https://{addr}")
-    } else {
-        format!("http://{addr}")
-    }
+    rpingmesh_proto::endpoint::grpc_uri(addr, tls)
 }
 
 /// One RNIC as registered: what `RnicInfo` carries.

@@ -54,6 +54,7 @@ async fn run(cfg: AgentConfig) -> ExitCode {
         cfg.metrics_enabled,
         &cfg.otel_collector_addr,
         Duration::from_millis(cfg.metrics_export_interval_ms),
+        &cfg.hostname,
     );
     let running = match agent::start(&cfg, endpoints, telemetry.metrics.clone()) {
         Ok(r) => r,

@@ -815,12 +815,27 @@ impl State {
                 fail_reason: reason,
             });
         }
-        if matches!(o.result, ProbeResult::Success(_)) {
-            tracing::trace!(
-                target = %t.spec.gid_text, seq = o.sequence, flow_label = o.flow_label,
-                t1 = ?o.timestamps.t1, t2 = ?o.timestamps.t2, t3 = ?o.timestamps.t3,
-                t4 = ?o.timestamps.t4, t5 = ?o.timestamps.t5, t6 = ?o.timestamps.t6,
-                "probe"
+        // The Go agent's per-probe line: both GIDs, all six timestamps, the three
+        // results (0 when invalid or lost). A cheap level check first: this is per probe.
+        if tracing::enabled!(tracing::Level::DEBUG) && !matches!(o.result, ProbeResult::Lost) {
+            let ts = &o.timestamps;
+            let (valid, rtt, resp, prober) = match &o.result {
+                ProbeResult::Success(s) => (
+                    true,
+                    s.network_rtt_ns,
+                    s.responder_delay_ns,
+                    s.prober_delay_ns,
+                ),
+                _ => (false, 0, 0, 0),
+            };
+            tracing::debug!(
+                source_gid = %self.own_gid, target_gid = %t.spec.gid_text, seq = o.sequence,
+                flow_label = o.flow_label,
+                t1 = ts.t1.unwrap_or(0), t2 = ts.t2.unwrap_or(0), t3 = ts.t3.unwrap_or(0),
+                t4 = ts.t4.unwrap_or(0), t5 = ts.t5.unwrap_or(0), t6 = ts.t6.unwrap_or(0),
+                rtt_valid = valid, network_rtt_ns = rtt, responder_delay_ns = resp,
+                prober_delay_ns = prober, reason = reason.map(|r| r.as_str()).unwrap_or(""),
+                "Probe completed with all 6 timestamps"
             );
         }
     }

@@ -492,6 +492,12 @@ pub async fn run_flow_reporter(
                 SendOutcome::Acked { resync_required }
             }
             Err(e) if e.is_not_found() => SendOutcome::NotFound,
+            Err(e) if e.is_unsupported() => {
+                // A Go controller: no service paths there. Ending the reporter drops the
+                // last handle of the tracer, which detaches its programs.
+                tracing::info!(error = %e, "the controller does not take service flows (a Go controller?); service tracing off");
+                return;
+            }
             Err(e) => {
                 if !failing {
                     tracing::warn!(error = %e, "service flow report failed; a full resend follows");

@@ -34,6 +34,7 @@ impl FailReason {
         FailReason::AbsurdRtt,
         FailReason::SendError,
     ];
+    /// The finer reason (`reason_detail` for the invalid ones; logs).
     pub fn as_str(self) -> &'static str {
         match self {
             FailReason::Timeout => "timeout",
@@ -41,6 +42,18 @@ impl FailReason {
             FailReason::NegativeRtt => "negative_rtt",
             FailReason::AbsurdRtt => "absurd_rtt",
             FailReason::SendError => "send_error",
+        }
+    }
+
+    /// The `reason` attribute as the Go version spells it (timeout, send_error,
+    /// invalid_rtt, unknown), so dashboards of a mixed fleet group alike.
+    pub fn go_reason(self) -> &'static str {
+        match self {
+            FailReason::Timeout => "timeout",
+            FailReason::SendError => "send_error",
+            FailReason::MissingTimestamp | FailReason::NegativeRtt | FailReason::AbsurdRtt => {
+                "invalid_rtt"
+            }
         }
     }
     pub fn from_invalid(r: InvalidReason) -> Self {
@@ -110,7 +123,11 @@ impl PathAttrs {
         }
         let failed = FailReason::ALL.map(|r| {
             let mut v = base.clone();
-            v.push(KeyValue::new("reason", r.as_str()));
+            v.push(KeyValue::new("reason", r.go_reason()));
+            if r.go_reason() != r.as_str() {
+                // Which invalid_rtt: a bounded second attribute, ours only.
+                v.push(KeyValue::new("reason_detail", r.as_str()));
+            }
             v.into_boxed_slice()
         });
         PathAttrs {
@@ -237,20 +254,32 @@ pub struct Telemetry {
     pub metrics: Metrics,
 }
 
-/// OTLP endpoint URI from a collector address (`host:port` gets `http://`).
+/// The OTLP resource: service.name, service.version (this build) and service.instance.id.
+pub fn resource(service: &'static str, instance: &str) -> Resource {
+    Resource::builder()
+        .with_service_name(service)
+        .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
+        .with_attribute(KeyValue::new("service.instance.id", instance.to_string()))
+        .build()
+}
+
+/// OTLP endpoint URI from a collector address (Go's `grpc://host:port`, or `host:port`).
 pub fn collector_uri(addr: &str) -> String {
-    if addr.contains("://") {
-        addr.to_string()
-    } else {
-        format!("http://{addr}")
-    }
+    rpingmesh_proto::endpoint::grpc_uri(addr, false)
 }
 
 impl Telemetry {
     /// Builds the OTLP pipeline; a bad exporter setup is logged and metrics go nowhere
     /// (never fatal). Must run inside a tokio runtime (the tonic exporter needs one).
-    pub fn init(enabled: bool, collector_addr: &str, export_interval: Duration) -> Self {
-        let resource = Resource::builder().with_service_name(SERVICE_NAME).build();
+    /// `instance` is the OTLP `service.instance.id` (the agent's hostname, as Go sets
+    /// it): without it the series of two agents collide in a backend.
+    pub fn init(
+        enabled: bool,
+        collector_addr: &str,
+        export_interval: Duration,
+        instance: &str,
+    ) -> Self {
+        let resource = resource(SERVICE_NAME, instance);
         let mut builder = SdkMeterProvider::builder().with_resource(resource);
         if enabled {
             use opentelemetry_otlp::WithExportConfig;
@@ -325,7 +354,29 @@ mod tests {
     #[test]
     fn collector_uri_adds_scheme() {
         assert_eq!(collector_uri("localhost:4317"), "http://localhost:4317");
+        assert_eq!(
+            collector_uri("grpc://localhost:4317"),
+            "http://localhost:4317"
+        );
         assert_eq!(collector_uri("https://c:4317"), "https://c:4317");
+    }
+
+    #[test]
+    fn resource_names_the_instance_and_version() {
+        let r = resource(SERVICE_NAME, "host-7");
+        let get = |k: &str| {
+            r.get(&opentelemetry::Key::from_static_str(match k {
+                "n" => "service.name",
+                "i" => "service.instance.id",
+                _ => "service.version",
+            }))
+        };
+        assert_eq!(get("n").map(|v| v.to_string()), Some(SERVICE_NAME.into()));
+        assert_eq!(get("i").map(|v| v.to_string()), Some("host-7".into()));
+        assert_eq!(
+            get("v").map(|v| v.to_string()),
+            Some(env!("CARGO_PKG_VERSION").into())
+        );
     }
 
     #[test]
@@ -405,9 +456,13 @@ mod tests {
         assert!(failed
             .iter()
             .any(|(a, v)| *v == 1 && a.contains(&"reason=timeout".to_string())));
+        // Go's reason values; which invalid one in reason_detail.
+        assert!(failed.iter().any(|(a, v)| *v == 1
+            && a.contains(&"reason=invalid_rtt".to_string())
+            && a.contains(&"reason_detail=negative_rtt".to_string())));
         assert!(failed
             .iter()
-            .any(|(a, v)| *v == 1 && a.contains(&"reason=negative_rtt".to_string())));
+            .all(|(a, _)| !a.iter().any(|x| x == "reason_detail=timeout")));
         assert!(failed[0].0.contains(&"source_tor=tor-a".to_string()));
         let dropped = sum("rpingmesh.agent.dropped_packets_total");
         assert_eq!(dropped, vec![(vec!["reason=bad_length".to_string()], 1)]);

@@ -160,7 +160,8 @@ pub struct CliArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub listen_addr: Option<String>,
-    /// Registry store: sqlite:<path>, sqlite::memory:, etcd://host:port.
+    /// Registry store: sqlite:<path>, sqlite::memory: (etcd:// is recognized, to say it
+    /// is not available yet).
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub database_uri: Option<String>,
@@ -300,7 +301,19 @@ impl ControllerConfig {
         env: impl IntoIterator<Item = (String, String)>,
     ) -> Result<Self, ConfigError> {
         let mut fig = Figment::from(figment::providers::Serialized::defaults(Self::default()));
-        if let Some(path) = &cli.config {
+        let env: Vec<(String, String)> = env.into_iter().collect();
+        // Without --config, controller.yaml in ., $HOME/.rpingmesh, /etc/rpingmesh (as Go).
+        let home = env
+            .iter()
+            .find(|(k, _)| k == "HOME")
+            .map(|(_, v)| v.as_str());
+        let file = cli.config.clone().or_else(|| {
+            rpingmesh_proto::host::find_config(
+                "controller.yaml",
+                &rpingmesh_proto::host::config_search_path(home),
+            )
+        });
+        if let Some(path) = &file {
             fig = fig.merge(yaml_file(path)?);
         }
         fig = fig.merge(NamedDict {
@@ -435,7 +448,7 @@ impl ControllerConfig {
         let uri = self.database_uri.trim();
         if uri.starts_with("http://") || uri.starts_with("https://") {
             return Err(ConfigError::Load(format!(
-                "database_uri {uri}: rqlite is not supported; use sqlite:<path> (embedded) or etcd://host:port"
+                "database_uri {uri}: rqlite is not supported; use sqlite:<path> (embedded, on disk) or sqlite::memory:"
             )));
         }
         if uri == "sqlite::memory:" {
@@ -459,7 +472,7 @@ impl ControllerConfig {
         }
         Err(invalid(
             "database_uri",
-            format!("{uri:?}: expected sqlite:<path>, sqlite::memory: or etcd://host:port"),
+            format!("{uri:?}: expected sqlite:<path> or sqlite::memory:"),
         ))
     }
 
@@ -477,12 +490,7 @@ impl ControllerConfig {
 
     /// OTLP endpoint with a scheme (the Go config takes bare host:port).
     pub fn otel_endpoint(&self) -> String {
-        let a = self.otel_collector_addr.trim();
-        if a.contains("://") {
-            a.to_string()
-        } else {
-            format!("http://{a}")
-        }
+        rpingmesh_proto::endpoint::grpc_uri(&self.otel_collector_addr, false)
     }
 }
 
@@ -811,7 +819,7 @@ mod tests {
         assert_eq!(
             c.validate().unwrap_err().to_string(),
             "database_uri http://localhost:4001: rqlite is not supported; \
-             use sqlite:<path> (embedded) or etcd://host:port"
+             use sqlite:<path> (embedded, on disk) or sqlite::memory:"
         );
         let c = ControllerConfig {
             database_uri: "sqlite:/tmp/x.db".into(),

@@ -22,14 +22,25 @@ pub fn is_active(r: &RnicRecord, now: u64, active_threshold_sec: u64) -> bool {
     now.saturating_sub(r.last_updated) <= active_threshold_sec
 }
 
-/// Builds a target stamped with its pinglist type and a fresh flow-label seed.
-pub fn make_target<R: Rng + ?Sized>(
+/// The flow-label seed of the (requester, target) pair: FNV-1a (32 bit) over the two
+/// GIDs' text, as the Go controller derives it. Stable across pinglist refreshes, so a
+/// target's label set (and its time series) changes only by the agent's rotation.
+pub fn flow_label_seed(requester: &str, target_gid: &str) -> u32 {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in requester.bytes().chain(target_gid.bytes()) {
+        h = (h ^ b as u32).wrapping_mul(0x0100_0193);
+    }
+    h
+}
+
+/// Builds a target stamped with its pinglist type and the pair's flow-label seed.
+pub fn make_target(
     r: &RnicRecord,
     ty: PinglistType,
     flow_label_count: u32,
-    rng: &mut R,
+    requester: &str,
 ) -> PingTarget {
-    let seed: u32 = rng.random();
+    let seed = flow_label_seed(requester, &r.gid);
     PingTarget {
         target_gid: r.gid.clone(),
         target_qpn: r.qpn,
@@ -50,14 +61,15 @@ pub fn make_target<R: Rng + ?Sized>(
     }
 }
 
-/// Active RNICs on `tor_id` minus the `exclude`d GIDs (the requester).
-pub fn tor_mesh<R: Rng + ?Sized>(
+/// Active RNICs on `tor_id` minus the `exclude`d GIDs (the requester's); `requester`
+/// (its GID, or agent id) keys the flow-label seeds.
+pub fn tor_mesh(
     index: &RegistryIndex,
     tor_id: &str,
     exclude: &[&str],
+    requester: &str,
     now: u64,
     p: &PinglistParams,
-    rng: &mut R,
 ) -> Vec<PingTarget> {
     let gids = index.tor_gids(tor_id);
     let mut out = Vec::with_capacity(gids.len().saturating_sub(1));
@@ -71,7 +83,7 @@ pub fn tor_mesh<R: Rng + ?Sized>(
                     r,
                     PinglistType::TorMesh,
                     p.flow_label_count,
-                    rng,
+                    requester,
                 ));
             }
         }
@@ -113,6 +125,7 @@ fn has_active(index: &RegistryIndex, gids: &[String], now: u64, active: u64) -> 
 pub fn inter_tor<R: Rng + ?Sized>(
     index: &RegistryIndex,
     requester_tor: &str,
+    requester: &str,
     now: u64,
     p: &PinglistParams,
     rng: &mut R,
@@ -160,7 +173,7 @@ pub fn inter_tor<R: Rng + ?Sized>(
                 r,
                 PinglistType::InterTor,
                 p.flow_label_count,
-                rng,
+                requester,
             ));
         }
     }
@@ -220,8 +233,7 @@ mod tests {
         // tor-0 RNIC 3 was last refreshed long ago: inactive (but not yet removed).
         idx.touch("a-0-3", 500);
         let me = gid(0, 0);
-        let mut rng = SmallRng::seed_from_u64(1);
-        let list = tor_mesh(&idx, "tor-0", &[me.as_str()], 1000, &params(5), &mut rng);
+        let list = tor_mesh(&idx, "tor-0", &[me.as_str()], &me, 1000, &params(5));
         let got: HashSet<_> = list.iter().map(|t| t.target_gid.clone()).collect();
         assert_eq!(got, HashSet::from([gid(0, 1), gid(0, 2)]));
         for t in &list {
@@ -232,10 +244,10 @@ mod tests {
         }
         // Exactly at the threshold is still active.
         assert_eq!(
-            tor_mesh(&idx, "tor-0", &[me.as_str()], 800, &params(5), &mut rng).len(),
+            tor_mesh(&idx, "tor-0", &[me.as_str()], &me, 800, &params(5)).len(),
             3
         );
-        assert!(tor_mesh(&idx, "no-such-tor", &[], 1000, &params(5), &mut rng).is_empty());
+        assert!(tor_mesh(&idx, "no-such-tor", &[], "x", 1000, &params(5)).is_empty());
     }
 
     #[test]
@@ -243,7 +255,7 @@ mod tests {
         let idx = build(50, 3, 1000);
         let mut rng = SmallRng::seed_from_u64(7);
         for _ in 0..200 {
-            let list = inter_tor(&idx, "tor-0", 1000, &params(5), &mut rng);
+            let list = inter_tor(&idx, "tor-0", "req", 1000, &params(5), &mut rng);
             assert_eq!(list.len(), 5);
             let tors: HashSet<_> = list.iter().map(|t| t.target_tor_id.as_str()).collect();
             assert_eq!(tors.len(), 5, "distinct ToRs");
@@ -263,7 +275,7 @@ mod tests {
         let mut seen_tors = HashSet::new();
         let mut seen_gids = HashSet::new();
         for _ in 0..500 {
-            for t in inter_tor(&idx, "tor-0", 1000, &params(2), &mut rng) {
+            for t in inter_tor(&idx, "tor-0", "req", 1000, &params(2), &mut rng) {
                 seen_tors.insert(t.target_tor_id);
                 seen_gids.insert(t.target_gid);
             }
@@ -279,13 +291,13 @@ mod tests {
         idx.touch("a-3-0", 10);
         idx.touch("a-3-1", 10);
         let mut rng = SmallRng::seed_from_u64(9);
-        let list = inter_tor(&idx, "tor-0", 1000, &params(10), &mut rng);
+        let list = inter_tor(&idx, "tor-0", "req", 1000, &params(10), &mut rng);
         let tors: HashSet<_> = list.iter().map(|t| t.target_tor_id.as_str()).collect();
         assert_eq!(tors, HashSet::from(["tor-1", "tor-2"]));
         assert_eq!(list.len(), 2);
         // Requester alone in the fabric: nothing to probe.
         let solo = build(1, 2, 1000);
-        assert!(inter_tor(&solo, "tor-0", 1000, &params(5), &mut rng).is_empty());
+        assert!(inter_tor(&solo, "tor-0", "req", 1000, &params(5), &mut rng).is_empty());
     }
 
     #[test]
@@ -294,7 +306,7 @@ mod tests {
         idx.touch("a-1-0", 1);
         let mut rng = SmallRng::seed_from_u64(11);
         for _ in 0..100 {
-            for t in inter_tor(&idx, "tor-0", 1000, &params(2), &mut rng) {
+            for t in inter_tor(&idx, "tor-0", "req", 1000, &params(2), &mut rng) {
                 assert_ne!(t.target_gid, gid(1, 0));
             }
         }
@@ -306,6 +318,7 @@ mod tests {
         let a = inter_tor(
             &idx,
             "tor-0",
+            "req",
             1000,
             &params(5),
             &mut SmallRng::seed_from_u64(42),
@@ -313,6 +326,7 @@ mod tests {
         let b = inter_tor(
             &idx,
             "tor-0",
+            "req",
             1000,
             &params(5),
             &mut SmallRng::seed_from_u64(42),
@@ -320,5 +334,27 @@ mod tests {
         assert_eq!(a, b);
         let seeds: HashSet<_> = a.iter().map(|t| t.flow_label_seed).collect();
         assert_eq!(seeds.len(), a.len());
+    }
+
+    #[test]
+    fn flow_label_seeds_are_stable_per_pair_as_go() {
+        // FNV-1a 32 of the two texts (reference value computed by hand for "ab"+"c").
+        assert_eq!(flow_label_seed("ab", "c"), 0x1a47_e90b);
+        assert_eq!(flow_label_seed("", ""), 0x811c_9dc5);
+        let idx = build(3, 4, 1000);
+        let me = gid(0, 0);
+        let once = tor_mesh(&idx, "tor-0", &[me.as_str()], &me, 1000, &params(5));
+        let again = tor_mesh(&idx, "tor-0", &[me.as_str()], &me, 1000, &params(5));
+        assert_eq!(once, again, "a refresh hands out the same seeds");
+        for t in &once {
+            assert_eq!(t.flow_label_seed, flow_label_seed(&me, &t.target_gid));
+            assert_eq!(t.flow_label, t.flow_label_seed & 0xF_FFFF);
+        }
+        // Another requester, other seeds for the same targets.
+        let other = gid(0, 1);
+        let theirs = tor_mesh(&idx, "tor-0", &[other.as_str()], &other, 1000, &params(5));
+        let t = &theirs[1];
+        let mine = once.iter().find(|m| m.target_gid == t.target_gid).unwrap();
+        assert_ne!(mine.flow_label_seed, t.flow_label_seed);
     }
 }

@@ -403,12 +403,15 @@ impl ControllerService for ControllerSvc {
                 ))
             }
         };
-        let mut rng = st.request_rng(requester.as_deref().unwrap_or(&req.agent_id), ty);
+        let requester_key = requester.as_deref().unwrap_or(&req.agent_id);
+        let mut rng = st.request_rng(requester_key, ty);
         let targets = match ty {
             PinglistType::TorMesh => {
-                pinglist::tor_mesh(&idx, &tor, &exclude, now, &st.pinglist, &mut rng)
+                pinglist::tor_mesh(&idx, &tor, &exclude, requester_key, now, &st.pinglist)
             }
-            PinglistType::InterTor => pinglist::inter_tor(&idx, &tor, now, &st.pinglist, &mut rng),
+            PinglistType::InterTor => {
+                pinglist::inter_tor(&idx, &tor, requester_key, now, &st.pinglist, &mut rng)
+            }
             PinglistType::Service => {
                 let sources: Vec<&str> = match &requester {
                     Some(g) => vec![g.as_str()],

@@ -109,7 +109,16 @@ impl Telemetry {
             .with_interval(Duration::from_millis(cfg.metrics_export_interval_ms.max(1)))
             .build();
         let provider = SdkMeterProvider::builder()
-            .with_resource(Resource::builder().with_service_name(SERVICE_NAME).build())
+            .with_resource(
+                Resource::builder()
+                    .with_service_name(SERVICE_NAME)
+                    .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
+                    .with_attribute(KeyValue::new(
+                        "service.instance.id",
+                        rpingmesh_proto::host::local_hostname(),
+                    ))
+                    .build(),
+            )
             .with_reader(reader)
             .build();
         let metrics = AnalyzerMetrics::new(&provider.meter("rpingmesh-controller"));

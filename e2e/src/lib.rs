@@ -373,9 +373,10 @@ impl AgentArgs {
             PROBE_PORT.to_string(),
             "--transport".into(),
             "udp".into(),
-            "--log-level".into(),
-            "info".into(),
         ];
+        if !self.extra.iter().any(|a| a == "--log-level") {
+            v.extend(["--log-level".into(), "info".into()]);
+        }
         v.extend(self.extra.iter().cloned());
         v
     }

@@ -52,9 +52,12 @@ impl MetricsService for Receiver {
     }
 }
 
-/// One exported metric with the service.name of the resource it came from.
+/// One exported metric with the identity of the resource it came from.
 struct Seen {
     service: String,
+    /// service.instance.id (the hostname, as the Go version sets it).
+    instance: String,
+    version: String,
     metric: Metric,
 }
 
@@ -71,15 +74,23 @@ fn flatten(reqs: &[ExportMetricsServiceRequest]) -> Vec<Seen> {
     let mut out = Vec::new();
     for r in reqs {
         for rm in &r.resource_metrics {
-            let service = rm
-                .resource
-                .as_ref()
-                .and_then(|res| str_attr(&res.attributes, "service.name"))
-                .unwrap_or_default();
+            let res = |k: &str| {
+                rm.resource
+                    .as_ref()
+                    .and_then(|res| str_attr(&res.attributes, k))
+                    .unwrap_or_default()
+            };
+            let (service, instance, version) = (
+                res("service.name"),
+                res("service.instance.id"),
+                res("service.version"),
+            );
             for sm in &rm.scope_metrics {
                 for m in &sm.metrics {
                     out.push(Seen {
                         service: service.clone(),
+                        instance: instance.clone(),
+                        version: version.clone(),
                         metric: m.clone(),
                     });
                 }
@@ -145,14 +156,31 @@ fn missing(seen: &[Seen]) -> Vec<String> {
             miss.push(format!("{c} > 0"));
         }
     }
+    // The Go version's reason values: the dead target's probes time out.
     let failed_with_reason = agent("rpingmesh.probe_failed_total").iter().any(|s| {
         sum_total(&s.metric) > 0.0
             && point_attrs(&s.metric)
                 .iter()
-                .any(|a| str_attr(a, "reason").is_some_and(|r| !r.is_empty()))
+                .any(|a| str_attr(a, "reason").as_deref() == Some("timeout"))
     });
     if !failed_with_reason {
-        miss.push("rpingmesh.probe_failed_total > 0 with a reason attribute".into());
+        miss.push("rpingmesh.probe_failed_total > 0 with reason=timeout".into());
+    }
+    // Each agent's series carry its own service.instance.id, so two agents never collide.
+    for host in ["host-a1", "host-a2"] {
+        if !seen
+            .iter()
+            .any(|s| s.service == "rpingmesh-agent" && s.instance == host && !s.version.is_empty())
+        {
+            miss.push(format!(
+                "agent metrics with service.instance.id={host} and a service.version"
+            ));
+        }
+    }
+    if !seen.iter().any(|s| {
+        s.service == "rpingmesh-analyzer" && !s.instance.is_empty() && !s.version.is_empty()
+    }) {
+        miss.push("analyzer metrics with service.instance.id and service.version".into());
     }
     let analyzer = |name: &str| {
         seen.iter()
@@ -235,6 +263,7 @@ async fn otlp_metrics_contract() {
         ("a2", "tor-b", Ipv4Addr::new(127, 0, 4, 2)),
     ] {
         let args = AgentArgs::new(id, tor, &caddr, ip)
+            .flag("--hostname", format!("host-{id}"))
             .flag("--probe-interval-ms", 50)
             .flag("--target-probe-rate-per-second", 20)
             .flag("--pinglist-update-interval-sec", 2)

@@ -3,7 +3,9 @@
 //! `controller_agent` is wire-compatible with the Go/Zig R-Pingmesh: same package, service,
 //! method names, field numbers and types. Additions take new numbers only.
 
+pub mod endpoint;
 pub mod gid;
+pub mod host;
 
 pub mod controller_agent {
     tonic::include_proto!("controller_agent");

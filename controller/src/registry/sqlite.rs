@@ -55,12 +55,17 @@ fn epoch(now: u64) -> i64 {
 
 impl SqliteRegistry {
     pub fn open(path: &Path) -> Result<Self, RegistryError> {
+        // The shipped config keeps the registry under /var/lib/rpingmesh: create the
+        // directory on first start (systemd's StateDirectory does it for the unit).
         if let Some(dir) = path.parent() {
             if !dir.as_os_str().is_empty() && !dir.exists() {
-                return Err(RegistryError::Other(format!(
-                    "database directory {} does not exist",
-                    dir.display()
-                )));
+                std::fs::create_dir_all(dir).map_err(|e| {
+                    RegistryError::Other(format!(
+                        "database directory {} does not exist and cannot be created ({e}); \
+                         create it or set database_uri",
+                        dir.display()
+                    ))
+                })?;
             }
         }
         let conn = Connection::open(path)?;
