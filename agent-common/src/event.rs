@@ -13,10 +13,13 @@ pub const KIND_DESTROY: u8 = 3;
 /// its current state and address vector, with the owning process (not the querier) as
 /// pid/comm. Lets the tracer learn QPs connected before it started.
 pub const KIND_QUERY: u8 = 4;
+/// A traced process exited (its last thread; `tgid`): its QPs are gone with it.
+pub const KIND_EXIT: u8 = 5;
 
 /// Where the event came from (`QpEvent::source`).
 pub const SOURCE_KPROBE: u8 = 1;
 pub const SOURCE_UPROBE: u8 = 2;
+pub const SOURCE_TRACEPOINT: u8 = 3;
 
 /// `QpEvent::flags` bits.
 /// The AH attribute carried a GRH (is_global / IB_AH_GRH): dgid and flow label are valid.
@@ -169,7 +172,17 @@ pub const KOFF_QP_RES: usize = 19; // ib_qp.res (struct rdma_restrack_entry)
 pub const KOFF_RES_TASK: usize = 20; // rdma_restrack_entry.task (owner; NULL for kernel QPs)
 pub const KOFF_TASK_TGID: usize = 21; // task_struct.tgid
 pub const KOFF_TASK_COMM: usize = 22; // task_struct.comm
-pub const KOFF_COUNT: usize = 23;
+pub const KOFF_TASK_SIGNAL: usize = 23; // task_struct.signal (struct signal_struct *)
+pub const KOFF_SIGNAL_LIVE: usize = 24; // signal_struct.live (threads still running)
+/// Set when the two above resolved (from vmlinux BTF, in either tracing mode): the exit
+/// program then reports only the last thread; without them, the group leader's exit.
+pub const KOFF_EXIT_VALID: usize = 25;
+pub const KOFF_COUNT: usize = 26;
+
+/// Processes whose exits the exit program reports (`TRACED_TGIDS` map, kept by userspace
+/// to the owners of traced QPs).
+pub const TRACED_TGIDS_MAP: &str = "TRACED_TGIDS";
+pub const MAX_TRACED_TGIDS: u32 = 65_536;
 
 /// Stable libibverbs user ABI (x86_64 / LP64), from `<infiniband/verbs.h>`.
 /// Checked against the header by a userspace test that compiles `offsetof` with cc.

@@ -16,9 +16,9 @@ use aya_ebpf::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_probe_read_kernel,
         bpf_probe_read_kernel_buf, bpf_probe_read_user, bpf_probe_read_user_buf,
     },
-    macros::{kprobe, kretprobe, map, uprobe, uretprobe},
-    maps::{LruHashMap, PerCpuArray, RingBuf},
-    programs::{ProbeContext, RetProbeContext},
+    macros::{kprobe, kretprobe, map, raw_tracepoint, uprobe, uretprobe},
+    maps::{HashMap, LruHashMap, PerCpuArray, RingBuf},
+    programs::{ProbeContext, RawTracePointContext, RetProbeContext},
 };
 use rpingmesh_agent_common::event::*;
 
@@ -32,6 +32,10 @@ static QP_EVENT_STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(STAT_COU
 /// entry whose return never fired (probe detached midway) ages out instead of leaking.
 #[map(name = "QUERY_ARGS")]
 static QUERY_ARGS: LruHashMap<u64, [u64; 2]> = LruHashMap::with_max_entries(4096, 0);
+
+/// Owners of traced QPs (written by userspace): the only exits worth an event.
+#[map(name = "TRACED_TGIDS")]
+static TRACED_TGIDS: HashMap<u32, u8> = HashMap::with_max_entries(MAX_TRACED_TGIDS, 0);
 
 /// Kernel member offsets (see `KOFF_*`), written by the loader from BTF.
 #[no_mangle]
@@ -432,6 +436,36 @@ pub fn ib_destroy_qp_user(ctx: ProbeContext) -> u32 {
     }
     let mut ev = header(KIND_DESTROY, SOURCE_KPROBE);
     kernel_qp(qp, &mut ev);
+    emit(&ev);
+    0
+}
+
+// ---------------------------------------------------------------- process exit
+
+/// sched_process_exit, for processes owning traced QPs: their QPs die with them (the
+/// kernel destroys them as the files close, which libibverbs uprobes never see). Runs in
+/// the exiting task. Only the group's last thread counts (signal->live already reached
+/// 0 here); without its offsets, the group leader's exit.
+#[raw_tracepoint(tracepoint = "sched_process_exit")]
+pub fn sched_process_exit(_ctx: RawTracePointContext) -> i32 {
+    let id = bpf_get_current_pid_tgid();
+    let (pid, tgid) = (id as u32, (id >> 32) as u32);
+    if unsafe { TRACED_TGIDS.get(&tgid) }.is_none() {
+        return 0;
+    }
+    let mut ev = header(KIND_EXIT, SOURCE_TRACEPOINT);
+    if koff(KOFF_EXIT_VALID) != 0 {
+        let task = unsafe { aya_ebpf::helpers::generated::bpf_get_current_task() };
+        let Some(signal) = kr::<u64>(task + koff(KOFF_TASK_SIGNAL), &mut ev) else {
+            return 0;
+        };
+        match kr::<i32>(signal + koff(KOFF_SIGNAL_LIVE), &mut ev) {
+            Some(0) => {}
+            _ => return 0, // other threads still run
+        }
+    } else if pid != tgid {
+        return 0;
+    }
     emit(&ev);
     0
 }

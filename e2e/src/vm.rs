@@ -55,8 +55,6 @@ pub const SVC_TORS: [&str; 2] = ["tor-s0", "tor-s1"];
 pub const REPORT_INTERVAL_MS: u64 = 2000;
 /// The agents' default interval, which the bench measures the latency with.
 pub const BENCH_REPORT_INTERVAL_MS: u64 = 1000;
-/// How often the tracer looks for exited processes (the tracer's default).
-pub const LIVENESS_INTERVAL_MS: u64 = 2000;
 /// Flow label of the first held pair of `rdma-qp-churn` (pair i uses this + i).
 pub const CHURN_FLOW_LABEL: u32 = 0x1234;
 pub const CHURN_PAIRS: u32 = 2;

@@ -349,13 +349,46 @@ pub fn resolve_kernel_offsets(
     kernel_offsets_from(&btf)
 }
 
+/// The task offsets alone (vmlinux BTF), for the exit program in uprobe mode, where the
+/// ib_core structs need not exist.
+pub fn resolve_task_offsets(
+    btf_dir: &Path,
+) -> Result<[u32; rpingmesh_agent_common::event::KOFF_COUNT], BtfError> {
+    let vmlinux = Btf::from_file(&btf_dir.join("vmlinux"), None)?;
+    task_offsets_from(&vmlinux)
+}
+
+/// Task and signal members every tracing mode uses (process identity, exit).
+const TASK_MEMBERS: [(usize, &str, &str); 4] = {
+    use rpingmesh_agent_common::event::*;
+    [
+        (KOFF_TASK_TGID, "task_struct", "tgid"),
+        (KOFF_TASK_COMM, "task_struct", "comm"),
+        (KOFF_TASK_SIGNAL, "task_struct", "signal"),
+        (KOFF_SIGNAL_LIVE, "signal_struct", "live"),
+    ]
+};
+
+/// Offsets of the task members only (`KOFF_EXIT_VALID` set, `KOFF_VALID` not).
+pub fn task_offsets_from(
+    btf: &Btf,
+) -> Result<[u32; rpingmesh_agent_common::event::KOFF_COUNT], BtfError> {
+    use rpingmesh_agent_common::event::*;
+    let mut o = [0u32; KOFF_COUNT];
+    for (idx, s, m) in TASK_MEMBERS {
+        o[idx] = btf.member_offset(s, m)?;
+    }
+    o[KOFF_EXIT_VALID] = 1;
+    Ok(o)
+}
+
 /// Offsets from an already-parsed BTF that defines the ib_core structs.
 pub fn kernel_offsets_from(
     btf: &Btf,
 ) -> Result<[u32; rpingmesh_agent_common::event::KOFF_COUNT], BtfError> {
     use rpingmesh_agent_common::event::*;
-    let mut o = [0u32; KOFF_COUNT];
-    let table: [(usize, &str, &str); KOFF_COUNT - 1] = [
+    let mut o = task_offsets_from(btf)?;
+    let table = [
         (KOFF_QP_DEVICE, "ib_qp", "device"),
         (KOFF_QP_QP_NUM, "ib_qp", "qp_num"),
         (KOFF_QP_QP_TYPE, "ib_qp", "qp_type"),
@@ -376,8 +409,6 @@ pub fn kernel_offsets_from(
         (KOFF_GRH_TRAFFIC_CLASS, "ib_global_route", "traffic_class"),
         (KOFF_QP_RES, "ib_qp", "res"),
         (KOFF_RES_TASK, "rdma_restrack_entry", "task"),
-        (KOFF_TASK_TGID, "task_struct", "tgid"),
-        (KOFF_TASK_COMM, "task_struct", "comm"),
     ];
     for (idx, s, m) in table {
         o[idx] = btf.member_offset(s, m)?;
@@ -492,7 +523,11 @@ mod tests {
             ),
             ("ib_device", &[("name", 40)]),
             ("rdma_restrack_entry", &[("task", 16)]),
-            ("task_struct", &[("tgid", 1200), ("comm", 1800)]),
+            (
+                "task_struct",
+                &[("tgid", 1200), ("comm", 1800), ("signal", 2000)],
+            ),
+            ("signal_struct", &[("live", 4)]),
             (
                 "ib_qp_attr",
                 &[
@@ -549,8 +584,22 @@ mod tests {
             ),
             (160, 16, 1200, 1800)
         );
-        // A kernel whose ib_global_route lacks a member: error names it.
-        let data = build(&[("ib_qp", &[("device", 0)])]);
+        assert_eq!(
+            (o[KOFF_TASK_SIGNAL], o[KOFF_SIGNAL_LIVE], o[KOFF_EXIT_VALID]),
+            (2000, 4, 1)
+        );
+        // Uprobe mode: the task members alone.
+        let t = task_offsets_from(&b).unwrap();
+        assert_eq!(
+            (t[KOFF_VALID], t[KOFF_EXIT_VALID], t[KOFF_TASK_SIGNAL]),
+            (0, 1, 2000)
+        );
+        // A kernel whose ib_qp lacks a member: error names it.
+        let data = build(&[
+            ("ib_qp", &[("device", 0)]),
+            ("task_struct", &[("tgid", 1), ("comm", 2), ("signal", 3)]),
+            ("signal_struct", &[("live", 4)]),
+        ]);
         let e = kernel_offsets_from(&Btf::parse("k", &data).unwrap()).unwrap_err();
         assert_eq!(e.to_string(), "BTF k: struct ib_qp has no member qp_num");
     }

@@ -111,6 +111,8 @@ pub struct FlowStats {
     pub no_grh: u64,
     pub filtered: u64,
     pub process_exits: u64,
+    /// Exit events of traced processes (the kernel's sched_process_exit).
+    pub exits: u64,
     /// Kernel-side ring-buffer drops (sum over CPUs, as last reported).
     pub ringbuf_drops: u64,
     pub read_errors: u64,
@@ -148,6 +150,10 @@ struct QpState {
 pub struct FlowTable {
     cfg: FlowTableConfig,
     qps: HashMap<QpId, QpState>,
+    /// Tracked QPs per owning process; and the processes that came or went since
+    /// `take_tgid_changes` (the exit program's filter follows them).
+    per_tgid: HashMap<u32, usize>,
+    tgid_changes: Vec<(u32, bool)>,
     lru: BTreeMap<u64, QpId>,
     seq: u64,
     flows: HashMap<FlowKey, ServiceFlow>,
@@ -170,6 +176,8 @@ impl FlowTable {
         FlowTable {
             cfg,
             qps: HashMap::new(),
+            per_tgid: HashMap::new(),
+            tgid_changes: Vec::new(),
             lru: BTreeMap::new(),
             seq: 0,
             flows: HashMap::new(),
@@ -199,10 +207,15 @@ impl FlowTable {
     }
     /// Distinct processes owning tracked QPs (for the liveness check).
     pub fn tgids(&self) -> Vec<u32> {
-        let mut v: Vec<u32> = self.qps.values().map(|q| q.tgid).collect();
+        let mut v: Vec<u32> = self.per_tgid.keys().copied().collect();
         v.sort_unstable();
-        v.dedup();
         v
+    }
+
+    /// Processes that started (true) or stopped (false) owning tracked QPs since the
+    /// last call, in order.
+    pub fn take_tgid_changes(&mut self) -> Vec<(u32, bool)> {
+        std::mem::take(&mut self.tgid_changes)
     }
 
     /// Latest kernel counters (monotonic sums over CPUs).
@@ -249,6 +262,10 @@ impl FlowTable {
                 self.on_modify(id, ev, r, f, out)
             }
             KIND_DESTROY => self.on_destroy(id, ev, out),
+            KIND_EXIT => {
+                self.stats.exits += 1;
+                self.process_gone(ev.tgid, None, out);
+            }
             _ => self.stats.malformed += 1,
         }
     }
@@ -473,12 +490,24 @@ impl FlowTable {
         self.seq += 1;
         st.lru = self.seq;
         self.lru.insert(self.seq, id);
+        let n = self.per_tgid.entry(st.tgid).or_insert(0);
+        if *n == 0 {
+            self.tgid_changes.push((st.tgid, true));
+        }
+        *n += 1;
         self.qps.insert(id, st);
     }
 
     fn forget_qp(&mut self, id: QpId, out: &mut Vec<FlowChange>) {
         if let Some(q) = self.qps.remove(&id) {
             self.lru.remove(&q.lru);
+            if let Some(n) = self.per_tgid.get_mut(&q.tgid) {
+                *n -= 1;
+                if *n == 0 {
+                    self.per_tgid.remove(&q.tgid);
+                    self.tgid_changes.push((q.tgid, false));
+                }
+            }
             if let Some(k) = q.flow {
                 self.remove_flow(k, out);
             }

@@ -16,9 +16,9 @@ pub use flows::{
     FlowTableConfig, Gid, GidResolver, QpFilter, ServiceFlow,
 };
 
-use aya::maps::{MapData, PerCpuArray, RingBuf};
+use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::uprobe::UProbeScope;
-use aya::programs::{KProbe, ProbeKind, UProbe};
+use aya::programs::{KProbe, ProbeKind, RawTracePoint, UProbe};
 use aya::{Ebpf, EbpfLoader};
 use rpingmesh_agent_common::event::*;
 use std::borrow::Cow;
@@ -76,8 +76,11 @@ pub struct TracerConfig {
     pub table: FlowTableConfig,
     /// Pending changes kept before degrading to a full resend.
     pub max_pending_changes: usize,
-    /// How often exited processes are looked for and kernel counters read.
+    /// How often exited processes are looked for in /proc and kernel counters read.
     pub liveness_interval: Duration,
+    /// The same /proc check when the kernel reports exits itself (sched_process_exit):
+    /// only a fallback then.
+    pub exit_fallback_interval: Duration,
 }
 
 impl Default for TracerConfig {
@@ -91,6 +94,7 @@ impl Default for TracerConfig {
             table: FlowTableConfig::default(),
             max_pending_changes: 65_536,
             liveness_interval: Duration::from_secs(2),
+            exit_fallback_interval: Duration::from_secs(10),
         }
     }
 }
@@ -155,6 +159,8 @@ pub const KPROBE_QUERY_PROGRAMS: [(&str, &str); 2] = [
     ("ib_query_qp_entry", "ib_query_qp"),
     ("ib_query_qp_ret", "ib_query_qp"),
 ];
+/// The raw tracepoint that reports exits of processes owning traced QPs.
+pub const EXIT_PROGRAM: (&str, &str) = ("sched_process_exit", "sched_process_exit");
 /// (program, symbol, required): `ibv_create_qp_ex` is a static inline in most
 /// rdma-core versions, so it is attached only where a library exports it.
 pub const UPROBE_PROGRAMS: [(&str, &str, bool); 4] = [
@@ -203,7 +209,41 @@ pub fn load_all_programs(object: &[u8]) -> Result<Vec<String>, TracerError> {
         })?;
         names.push(name.to_string());
     }
+    let p: &mut RawTracePoint = prog_mut(&mut ebpf, EXIT_PROGRAM.0)?;
+    p.load().map_err(|e| TracerError::Program {
+        prog: EXIT_PROGRAM.0.into(),
+        err: one_line(&e),
+    })?;
+    names.push(EXIT_PROGRAM.0.to_string());
     Ok(names)
+}
+
+/// Attaches the exit program (optional: without it, exits of processes whose QPs only
+/// libibverbs uprobes saw are found by polling /proc). Returns whether it runs.
+fn attach_exit(ebpf: &mut Ebpf, att: &mut Vec<String>) -> bool {
+    let r = prog_mut::<RawTracePoint>(ebpf, EXIT_PROGRAM.0).and_then(|p| {
+        p.load().map_err(|e| TracerError::Program {
+            prog: EXIT_PROGRAM.0.into(),
+            err: one_line(&e),
+        })?;
+        p.attach(EXIT_PROGRAM.1).map_err(|e| TracerError::Program {
+            prog: EXIT_PROGRAM.0.into(),
+            err: one_line(&e),
+        })
+    });
+    match r {
+        Ok(_) => {
+            att.push(format!(
+                "{} -> raw tracepoint {}",
+                EXIT_PROGRAM.0, EXIT_PROGRAM.1
+            ));
+            true
+        }
+        Err(e) => {
+            tracing::warn!("service tracing: {e}; process exits are found by polling /proc");
+            false
+        }
+    }
 }
 
 fn prog_mut<'a, T>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut T, TracerError>
@@ -252,6 +292,8 @@ pub struct ServiceTracer {
     attachments: Vec<String>,
     /// The `ib_query_qp` probes are attached: existing QPs can be learned.
     queries: bool,
+    /// The kernel reports traced processes' exits (no /proc polling needed).
+    exits: bool,
     // Dropping it detaches every program.
     _ebpf: Ebpf,
 }
@@ -325,6 +367,15 @@ impl ServiceTracer {
             }
         };
 
+        let mut attachments = attachments;
+        let exits = attach_exit(&mut ebpf, &mut attachments);
+        let traced: Option<BpfHashMap<MapData, u32, u8>> = if exits {
+            ebpf.take_map(TRACED_TGIDS_MAP)
+                .and_then(|m| BpfHashMap::try_from(m).ok())
+        } else {
+            None
+        };
+        let exits = exits && traced.is_some();
         let rb_map = ebpf
             .take_map("QP_EVENTS")
             .ok_or_else(|| TracerError::Load("map QP_EVENTS missing".into()))?;
@@ -347,13 +398,19 @@ impl ServiceTracer {
             }),
             notify: tokio::sync::Notify::new(),
         });
+        let liveness = if exits {
+            cfg.exit_fallback_interval
+        } else {
+            cfg.liveness_interval
+        };
         let task = tokio::spawn(reader(
             afd,
             counters,
+            traced,
             shared.clone(),
             resolver,
             filter,
-            cfg.liveness_interval,
+            liveness,
         ));
         Ok(ServiceTracer {
             shared,
@@ -361,6 +418,7 @@ impl ServiceTracer {
             mode,
             attachments,
             queries,
+            exits,
             _ebpf: ebpf,
         })
     }
@@ -384,6 +442,11 @@ impl ServiceTracer {
 
     pub fn mode(&self) -> ActiveMode {
         self.mode
+    }
+
+    /// Whether the kernel reports traced processes' exits (else /proc is polled).
+    pub fn reports_exits(&self) -> bool {
+        self.exits
     }
 
     /// "program -> target" for every attached probe.
@@ -467,7 +530,10 @@ fn attach_uprobes(object: &[u8], cfg: &TracerConfig) -> Result<(Ebpf, Vec<String
             "no libibverbs found (ldconfig -p, /usr/lib*/) and no uprobe target configured".into(),
         ));
     }
-    let mut ebpf = load_object(object, &[0; KOFF_COUNT])?;
+    // Only the exit program reads kernel memory in this mode: the task offsets, when
+    // vmlinux BTF has them (else it falls back to the group leader's exit).
+    let offs = btf::resolve_task_offsets(&cfg.btf_dir).unwrap_or([0; KOFF_COUNT]);
+    let mut ebpf = load_object(object, &offs)?;
     for (name, _, _) in UPROBE_PROGRAMS {
         let p: &mut UProbe = prog_mut(&mut ebpf, name)?;
         p.load().map_err(|e| TracerError::Program {
@@ -526,9 +592,26 @@ fn attach_uprobes(object: &[u8], cfg: &TracerConfig) -> Result<(Ebpf, Vec<String
 
 const BATCH: usize = 4096;
 
+/// Keeps the exit program's filter to the owners of tracked QPs (syscalls: outside the
+/// table lock). A failed update only means an exit found later, by polling.
+fn sync_traced(map: &mut Option<BpfHashMap<MapData, u32, u8>>, changes: Vec<(u32, bool)>) {
+    let Some(m) = map else { return };
+    for (tgid, present) in changes {
+        let r = if present {
+            m.insert(tgid, 1, 0)
+        } else {
+            m.remove(&tgid)
+        };
+        if let Err(e) = r {
+            tracing::debug!(tgid, present, error = %e, "TRACED_TGIDS update failed");
+        }
+    }
+}
+
 async fn reader(
     mut afd: tokio::io::unix::AsyncFd<RingBuf<MapData>>,
     counters: PerCpuArray<MapData, u64>,
+    mut traced: Option<BpfHashMap<MapData, u32, u8>>,
     shared: Arc<Shared>,
     resolver: Arc<dyn GidResolver>,
     filter: Arc<dyn QpFilter>,
@@ -566,7 +649,12 @@ async fn reader(
                     tokio::task::yield_now().await;
                 }
                 guard.clear_ready();
-                if !shared.lock().log.is_empty() {
+                let (pending, changes) = {
+                    let mut g = shared.lock();
+                    (!g.log.is_empty(), g.table.take_tgid_changes())
+                };
+                sync_traced(&mut traced, changes);
+                if pending {
                     shared.notify.notify_waiters();
                 }
             }
@@ -594,7 +682,9 @@ async fn reader(
                 }
                 let changed = !out.is_empty();
                 log.record(out.drain(..));
+                let tgid_changes = table.take_tgid_changes();
                 drop(g);
+                sync_traced(&mut traced, tgid_changes);
                 if changed {
                     shared.notify.notify_waiters();
                 }

@@ -41,6 +41,7 @@ fn every_program_passes_the_verifier() {
         .chain(&KPROBE_QUERY_PROGRAMS)
         .map(|p| p.0)
         .chain(UPROBE_PROGRAMS.iter().map(|p| p.0))
+        .chain([EXIT_PROGRAM.0])
         .collect();
     let mut got: Vec<&str> = names.iter().map(String::as_str).collect();
     want.sort();
@@ -305,11 +306,17 @@ async fn next_batch(t: &ServiceTracer) -> ChangeBatch {
 }
 
 fn start_on(exe: &Path) -> Option<ServiceTracer> {
+    start_with(exe, Duration::from_millis(100))
+}
+
+/// A uprobe tracer on `exe` whose /proc liveness check runs every `poll`.
+fn start_with(exe: &Path, poll: Duration) -> Option<ServiceTracer> {
     let cfg = TracerConfig {
         mode: TracingMode::Uprobe,
         discover_libibverbs: false,
         uprobe_targets: vec![exe.to_path_buf()],
-        liveness_interval: Duration::from_millis(100),
+        liveness_interval: poll,
+        exit_fallback_interval: poll,
         ..Default::default()
     };
     let resolver = |dev: &str, port: u8, idx: u8| {
@@ -334,7 +341,8 @@ async fn uprobe_end_to_end_on_fixture() {
     let exe = build_fixture(dir.path());
     let t = start_on(&exe).unwrap();
     assert_eq!(t.mode(), ActiveMode::Uprobe);
-    assert_eq!(t.attachments().len(), 3, "{:?}", t.attachments());
+    // Three uprobes on the fixture, and the exit tracepoint.
+    assert_eq!(t.attachments().len(), 4, "{:?}", t.attachments());
 
     let mut fx = Fixture::spawn(
         &exe,
@@ -446,6 +454,66 @@ async fn uprobe_flow_removed_when_process_dies() {
     keys.sort();
     assert_eq!(keys, vec![0x500, 0x501, 0x502]);
     assert!(t.snapshot().is_empty());
+}
+
+/// The kernel reports the exit (sched_process_exit, filtered to the owners of traced
+/// QPs): with /proc polled only once a minute, the killed process's flows still go at
+/// once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exit_of_a_traced_process_comes_from_the_kernel() {
+    if object_or_skip("exit_of_a_traced_process_comes_from_the_kernel").is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let exe = build_fixture(dir.path());
+    let t = start_with(&exe, Duration::from_secs(60)).unwrap();
+    assert!(
+        t.reports_exits(),
+        "exit program attached: {:?}",
+        t.attachments()
+    );
+    // A bystander, also traced, that keeps running: only the killed one goes.
+    let mut other = Fixture::spawn(
+        &exe,
+        &["--qpn", "0x600", "--qps", "1", "--dgid", REMOTE_HEX],
+    );
+    other.expect("ready");
+    other.go();
+    other.expect("connected");
+    let mut fx = Fixture::spawn(
+        &exe,
+        &["--qpn", "0x700", "--qps", "2", "--dgid", REMOTE_HEX],
+    );
+    fx.expect("ready");
+    fx.go();
+    fx.expect("connected");
+    let mut seen = Vec::new();
+    while seen.len() < 3 {
+        seen.extend(next_batch(&t).await.changes);
+    }
+    let killed_at = std::time::Instant::now();
+    fx.child.kill().unwrap();
+    fx.child.wait().unwrap();
+    let mut removed = Vec::new();
+    while removed.len() < 2 {
+        removed.extend(next_batch(&t).await.changes);
+    }
+    assert!(
+        killed_at.elapsed() < Duration::from_secs(5),
+        "removed after {:?}: not by the minute-long /proc poll",
+        killed_at.elapsed()
+    );
+    let mut keys: Vec<u32> = removed
+        .iter()
+        .map(|c| match c {
+            FlowChange::Remove(k) => k.local_qpn,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    keys.sort();
+    assert_eq!(keys, vec![0x700, 0x701]);
+    assert_eq!(t.snapshot().len(), 1, "the bystander's flow stays");
+    assert!(t.stats().exits >= 1, "{:?}", t.stats());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

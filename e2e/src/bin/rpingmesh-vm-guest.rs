@@ -982,7 +982,6 @@ async fn service_tracing(dir: &Path, mode: &str) -> Result<Value> {
         "tracing": tracing,
         "gids": gids,
         "report_interval_ms": REPORT_INTERVAL_MS,
-        "liveness_interval_ms": LIVENESS_INTERVAL_MS,
     });
     if tracing.iter().any(|t| t.get("off").is_some()) {
         bail!("service tracing is off in an agent: {tracing:?}");
