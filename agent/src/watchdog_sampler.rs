@@ -1,5 +1,5 @@
-//! The watchdog's I/O side: samples this process's CPU time (getrusage) and RSS
-//! (/proc/self/statm) every watchdog_interval_sec, feeds `watchdog::Throttle`, publishes
+//! The watchdog's I/O side: samples this process's CPU time and RSS (procfs:
+//! /proc/self/stat and statm) every watchdog_interval_sec, feeds `watchdog::Throttle`, publishes
 //! the multiplier to the drivers and the rpingmesh.agent.self_throttle gauge.
 
 use std::time::{Duration, Instant};
@@ -17,37 +17,23 @@ pub fn available_cores(max_procs: u64) -> f64 {
     std::thread::available_parallelism().map_or(1, |n| n.get()) as f64
 }
 
-/// User + system CPU time of this process.
+/// User + system CPU time of this process (/proc/self/stat, in clock ticks).
 fn cpu_time() -> std::io::Result<Duration> {
-    // SAFETY: getrusage only writes the struct we pass; all-zero is a valid rusage.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    let tv = |t: libc::timeval| {
-        Duration::from_secs(t.tv_sec.max(0) as u64) + Duration::from_micros(t.tv_usec.max(0) as u64)
-    };
-    Ok(tv(ru.ru_utime) + tv(ru.ru_stime))
+    let st = procfs::process::Process::myself()
+        .and_then(|p| p.stat())
+        .map_err(std::io::Error::other)?;
+    let hz = procfs::ticks_per_second().max(1);
+    Ok(Duration::from_nanos(
+        (st.utime + st.stime).saturating_mul(1_000_000_000) / hz,
+    ))
 }
 
-/// Resident set size from the second field of /proc/self/statm (pages).
+/// Resident set size (/proc/self/statm, in pages).
 fn rss_bytes() -> std::io::Result<u64> {
-    let text = std::fs::read_to_string("/proc/self/statm")?;
-    let pages = parse_statm_resident(&text).ok_or_else(|| {
-        std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!("/proc/self/statm: no resident field in {text:?}"),
-        )
-    })?;
-    // SAFETY: sysconf has no memory effects.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    let page = if page > 0 { page as u64 } else { 4096 };
-    Ok(pages.saturating_mul(page))
-}
-
-/// The resident page count of a statm line ("size resident shared ...").
-pub fn parse_statm_resident(text: &str) -> Option<u64> {
-    text.split_whitespace().nth(1)?.parse().ok()
+    let m = procfs::process::Process::myself()
+        .and_then(|p| p.statm())
+        .map_err(std::io::Error::other)?;
+    Ok(m.resident.saturating_mul(procfs::page_size()))
 }
 
 /// CPU fraction of `cores` over an interval: CPU time delta / (wall delta x cores).
@@ -153,10 +139,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn statm_resident_field() {
-        assert_eq!(parse_statm_resident("1000 250 30 1 0 400 0\n"), Some(250));
-        assert_eq!(parse_statm_resident("1000"), None);
-        assert_eq!(parse_statm_resident("1000 x"), None);
+    fn readings_of_this_process_are_live() {
+        let rss = rss_bytes().unwrap();
+        assert!(rss > 1 << 20, "{rss}");
+        let t0 = cpu_time().unwrap();
+        let start = std::time::Instant::now();
+        // Burn ~50 ms of CPU: the clock-tick counters must move.
+        let mut x = 0u64;
+        while start.elapsed() < Duration::from_millis(50) {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+        }
+        std::hint::black_box(x);
+        assert!(cpu_time().unwrap() > t0);
     }
 
     #[test]

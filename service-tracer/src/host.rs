@@ -13,15 +13,9 @@ const CAP_SYS_ADMIN: u32 = 21;
 const CAP_PERFMON: u32 = 38;
 const CAP_BPF: u32 = 39;
 
-/// From the text of /proc/self/status: `Ok(())` when the effective set allows loading and
-/// attaching tracing programs (CAP_BPF + CAP_PERFMON, or CAP_SYS_ADMIN), else the reason.
-pub fn check_caps_status(status: &str) -> Result<(), String> {
-    let hex = status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .map(str::trim)
-        .ok_or("no CapEff line in /proc/self/status")?;
-    let eff = u64::from_str_radix(hex, 16).map_err(|_| format!("unreadable CapEff {hex:?}"))?;
+/// `Ok(())` when the effective capability set `eff` allows loading and attaching
+/// tracing programs (CAP_BPF + CAP_PERFMON, or CAP_SYS_ADMIN), else the reason.
+pub fn check_caps(eff: u64) -> Result<(), String> {
     let has = |c: u32| eff & (1u64 << c) != 0;
     if has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON)) {
         Ok(())
@@ -32,10 +26,12 @@ pub fn check_caps_status(status: &str) -> Result<(), String> {
     }
 }
 
+/// This process's effective capabilities (/proc/self/status, CapEff) checked.
 pub fn check_privileges() -> Result<(), String> {
-    let s = std::fs::read_to_string("/proc/self/status")
+    let st = procfs::process::Process::myself()
+        .and_then(|p| p.status())
         .map_err(|e| format!("reading /proc/self/status: {e}"))?;
-    check_caps_status(&s)
+    check_caps(st.capeff)
 }
 
 /// Which of `wanted` appear as symbol names in /proc/kallsyms text.
@@ -180,14 +176,6 @@ pub fn symbol_file_offset(elf: &[u8], symbol: &str) -> Result<Option<u64>, Strin
     Ok(Some(s.address() - sec.address() + off))
 }
 
-/// Process start in CLOCK_BOOTTIME ns from /proc/<pid>/stat text (field 22, in ticks).
-pub fn parse_start_ns(stat: &str, ticks_per_sec: u64) -> Option<u64> {
-    // comm may contain spaces and parentheses: fields start after the last ')'.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let start: u64 = rest.split_whitespace().nth(19)?.parse().ok()?;
-    Some(start.saturating_mul(1_000_000_000) / ticks_per_sec.max(1))
-}
-
 #[derive(Debug, PartialEq, Eq)]
 pub enum Liveness {
     Gone,
@@ -196,15 +184,17 @@ pub enum Liveness {
     Unknown,
 }
 
+/// Whether `pid` still runs, and since when (CLOCK_BOOTTIME ns, from the start time in
+/// /proc/<pid>/stat), to tell an exit from a reused pid.
 pub fn process_liveness(pid: u32) -> Liveness {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => {
-            // SAFETY: sysconf has no memory-safety preconditions.
-            let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-            parse_start_ns(&s, if hz > 0 { hz as u64 } else { 100 })
-                .map_or(Liveness::Unknown, Liveness::Started)
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Liveness::Gone,
+    let Ok(pid) = i32::try_from(pid) else {
+        return Liveness::Unknown;
+    };
+    match procfs::process::Process::new(pid).and_then(|p| p.stat()) {
+        Ok(st) => Liveness::Started(
+            st.starttime.saturating_mul(1_000_000_000) / procfs::ticks_per_second().max(1),
+        ),
+        Err(procfs::ProcError::NotFound(_)) => Liveness::Gone,
         Err(_) => Liveness::Unknown,
     }
 }
@@ -224,12 +214,17 @@ mod tests {
 
     #[test]
     fn caps() {
-        assert!(check_caps_status("Name:\tx\nCapEff:\t000001ffffffffff\n").is_ok());
-        assert!(check_caps_status("CapEff:\t000000c000000000\n").is_ok()); // BPF+PERFMON
-        let e = check_caps_status("CapEff:\t0000004000000000\n").unwrap_err(); // PERFMON only
+        assert!(check_caps(0x1ff_ffff_ffff).is_ok());
+        assert!(check_caps(0xc0_0000_0000).is_ok()); // BPF+PERFMON
+        let e = check_caps(0x40_0000_0000).unwrap_err(); // PERFMON only
         assert!(e.contains("CAP_BPF"), "{e}");
-        assert!(check_caps_status("CapEff:\tzz\n").is_err());
-        assert!(check_caps_status("").is_err());
+        assert!(check_caps(0).is_err());
+        // This process: root here has everything, an unprivileged run nothing.
+        let me = procfs::process::Process::myself()
+            .unwrap()
+            .status()
+            .unwrap();
+        assert_eq!(check_privileges().is_ok(), check_caps(me.capeff).is_ok());
     }
 
     #[test]
@@ -252,10 +247,22 @@ mod tests {
     }
 
     #[test]
-    fn start_time() {
-        let s = "42 (a b) c) S 1 42 42 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 12345 1000 10";
-        assert_eq!(parse_start_ns(s, 100), Some(123_450_000_000));
-        assert_eq!(parse_start_ns("garbage", 100), None);
+    fn liveness_of_this_process_and_of_none() {
+        // Started after boot, before now (CLOCK_BOOTTIME).
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime writes the timespec we pass.
+        unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+        let now = ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64;
+        match process_liveness(std::process::id()) {
+            Liveness::Started(s) => assert!(s > 0 && s <= now, "{s} vs {now}"),
+            other => panic!("{other:?}"),
+        }
+        // Beyond pid_max: never a process.
+        assert_eq!(process_liveness(1 << 30), Liveness::Gone);
+        assert_eq!(process_liveness(u32::MAX), Liveness::Unknown);
     }
 
     #[test]

@@ -262,34 +262,20 @@ pub struct Footprint {
     sleep_rss_mib: f64,
 }
 
-/// utime + stime of a process, in clock ticks (fields 14 and 15 of /proc/<pid>/stat).
-pub fn parse_stat_ticks(stat: &str) -> Option<u64> {
-    // The command name (field 2) may contain spaces and parentheses: split after the last ')'.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // rest starts at field 3 (state): utime is field 14 -> index 11.
-    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
-}
-
-/// VmRSS in KiB from /proc/<pid>/status.
-pub fn parse_vmrss_kib(status: &str) -> Option<u64> {
-    status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
-}
-
+/// utime + stime of a process, in clock ticks.
 fn cpu_ticks(pid: u32) -> Result<u64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    parse_stat_ticks(&s).context("unparsable /proc/<pid>/stat")
+    let st = procfs::process::Process::new(pid as i32)
+        .and_then(|p| p.stat())
+        .with_context(|| format!("/proc/{pid}/stat"))?;
+    Ok(st.utime + st.stime)
 }
 
+/// VmRSS in KiB.
 fn rss_kib(pid: u32) -> Result<u64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    parse_vmrss_kib(&s).context("no VmRSS in /proc/<pid>/status")
+    let st = procfs::process::Process::new(pid as i32)
+        .and_then(|p| p.status())
+        .with_context(|| format!("/proc/{pid}/status"))?;
+    st.vmrss.context("no VmRSS in /proc/<pid>/status")
 }
 
 fn footprint_run() -> Result<Footprint> {
@@ -404,8 +390,7 @@ fn footprint_run() -> Result<Footprint> {
         let sleep_rss = rss_kib(sleeper.id()).unwrap_or(0);
         let _ = sleeper.kill();
         let _ = sleeper.wait();
-        // SAFETY: sysconf has no preconditions.
-        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+        let hz = procfs::ticks_per_second() as f64;
         let cpu_pct = (c1 - c0) as f64 / hz / wall * 100.0;
         rss.sort_unstable();
         let rss_med = rss[rss.len() / 2];
@@ -856,17 +841,11 @@ mod tests {
     }
 
     #[test]
-    fn stat_ticks_survive_odd_command_names() {
-        let stat = "1234 (agent) x (y)) S 1 1234 1234 0 -1 4194560 500 0 0 0 17 5 0 0 20 0 3 0 100 1000 200";
-        assert_eq!(parse_stat_ticks(stat), Some(22));
-        assert_eq!(parse_stat_ticks("garbage"), None);
-    }
-
-    #[test]
-    fn vmrss_is_read_in_kib() {
-        let status = "Name:\tagent\nVmPeak:\t  9000 kB\nVmRSS:\t    7168 kB\nThreads:\t3\n";
-        assert_eq!(parse_vmrss_kib(status), Some(7168));
-        assert_eq!(parse_vmrss_kib("Name: x\n"), None);
+    fn own_cpu_and_rss_are_read() {
+        let me = std::process::id();
+        assert!(rss_kib(me).unwrap() > 1024);
+        cpu_ticks(me).unwrap();
+        assert!(cpu_ticks(1 << 30).is_err());
     }
 
     #[test]
