@@ -85,7 +85,9 @@ pub struct QpEvent {
     pub traffic_class: u8,
     pub sl: u8,
     pub flags: u8,
-    pub _pad: [u8; 6],
+    /// With `FLAG_READ_ERROR`: the first field that could not be read (`field::*`).
+    pub bad_field: u8,
+    pub _pad: [u8; 5],
 }
 
 pub const QP_EVENT_SIZE: usize = 136;
@@ -118,7 +120,8 @@ impl QpEvent {
             traffic_class: 0,
             sl: 0,
             flags: 0,
-            _pad: [0; 6],
+            bad_field: 0,
+            _pad: [0; 5],
         }
     }
 
@@ -134,6 +137,97 @@ impl QpEvent {
     pub fn as_bytes(&self) -> &[u8] {
         // SAFETY: repr(C) with explicit padding, so every byte is initialised.
         unsafe { core::slice::from_raw_parts(self as *const QpEvent as *const u8, QP_EVENT_SIZE) }
+    }
+}
+
+/// Fields the programs read, by id (`QpEvent::bad_field`, and the programs' aya-log
+/// diagnostics, which carry the id: a name string would cost the verifier a copy loop).
+pub mod field {
+    pub const IBV_QP__QP_NUM: u8 = 1;
+    pub const IBV_QP__QP_TYPE: u8 = 2;
+    pub const IBV_QP__CONTEXT: u8 = 3;
+    pub const IBV_CONTEXT__DEVICE: u8 = 4;
+    pub const IBV_DEVICE__NAME: u8 = 5;
+    pub const IBV_QP_ATTR__QP_STATE: u8 = 6;
+    pub const IBV_QP_ATTR__DEST_QP_NUM: u8 = 7;
+    pub const IBV_QP_ATTR__PORT_NUM: u8 = 8;
+    pub const IBV_AH_ATTR__SL: u8 = 9;
+    pub const IBV_AH_ATTR__PORT_NUM: u8 = 10;
+    pub const IBV_AH_ATTR__IS_GLOBAL: u8 = 11;
+    pub const IBV_GLOBAL_ROUTE__DGID: u8 = 12;
+    pub const IBV_GLOBAL_ROUTE__FLOW_LABEL: u8 = 13;
+    pub const IBV_GLOBAL_ROUTE__SGID_INDEX: u8 = 14;
+    pub const IBV_GLOBAL_ROUTE__HOP_LIMIT: u8 = 15;
+    pub const IBV_GLOBAL_ROUTE__TRAFFIC_CLASS: u8 = 16;
+    pub const IB_QP__QP_NUM: u8 = 17;
+    pub const IB_QP__QP_TYPE: u8 = 18;
+    pub const IB_QP__PORT: u8 = 19;
+    pub const IB_QP__DEVICE: u8 = 20;
+    pub const IB_DEVICE__NAME: u8 = 21;
+    pub const IB_QP_ATTR__QP_STATE: u8 = 22;
+    pub const IB_QP_ATTR__DEST_QP_NUM: u8 = 23;
+    pub const IB_QP_ATTR__PORT_NUM: u8 = 24;
+    pub const RDMA_AH_ATTR__SL: u8 = 25;
+    pub const RDMA_AH_ATTR__PORT_NUM: u8 = 26;
+    pub const RDMA_AH_ATTR__AH_FLAGS: u8 = 27;
+    pub const IB_GLOBAL_ROUTE__DGID: u8 = 28;
+    pub const IB_GLOBAL_ROUTE__FLOW_LABEL: u8 = 29;
+    pub const IB_GLOBAL_ROUTE__SGID_INDEX: u8 = 30;
+    pub const IB_GLOBAL_ROUTE__HOP_LIMIT: u8 = 31;
+    pub const IB_GLOBAL_ROUTE__TRAFFIC_CLASS: u8 = 32;
+    pub const IB_QP__RES__TASK: u8 = 33;
+    pub const TASK_STRUCT__TGID: u8 = 34;
+    pub const TASK_STRUCT__COMM: u8 = 35;
+    pub const TASK_STRUCT__SIGNAL: u8 = 36;
+    pub const SIGNAL_STRUCT__LIVE: u8 = 37;
+
+    /// Every field by id - 1.
+    pub const NAMES: [&str; 37] = [
+        "ibv_qp.qp_num",
+        "ibv_qp.qp_type",
+        "ibv_qp.context",
+        "ibv_context.device",
+        "ibv_device.name",
+        "ibv_qp_attr.qp_state",
+        "ibv_qp_attr.dest_qp_num",
+        "ibv_qp_attr.port_num",
+        "ibv_ah_attr.sl",
+        "ibv_ah_attr.port_num",
+        "ibv_ah_attr.is_global",
+        "ibv_global_route.dgid",
+        "ibv_global_route.flow_label",
+        "ibv_global_route.sgid_index",
+        "ibv_global_route.hop_limit",
+        "ibv_global_route.traffic_class",
+        "ib_qp.qp_num",
+        "ib_qp.qp_type",
+        "ib_qp.port",
+        "ib_qp.device",
+        "ib_device.name",
+        "ib_qp_attr.qp_state",
+        "ib_qp_attr.dest_qp_num",
+        "ib_qp_attr.port_num",
+        "rdma_ah_attr.sl",
+        "rdma_ah_attr.port_num",
+        "rdma_ah_attr.ah_flags",
+        "ib_global_route.dgid",
+        "ib_global_route.flow_label",
+        "ib_global_route.sgid_index",
+        "ib_global_route.hop_limit",
+        "ib_global_route.traffic_class",
+        "ib_qp.res.task",
+        "task_struct.tgid",
+        "task_struct.comm",
+        "task_struct.signal",
+        "signal_struct.live",
+    ];
+
+    /// The name of field `id` ("?" for an unknown id).
+    pub fn name(id: u8) -> &'static str {
+        NAMES
+            .get((id as usize).wrapping_sub(1))
+            .copied()
+            .unwrap_or("?")
     }
 }
 

@@ -20,6 +20,7 @@ use aya_ebpf::{
     maps::{HashMap, LruHashMap, PerCpuArray, RingBuf},
     programs::{ProbeContext, RawTracePointContext, RetProbeContext},
 };
+use aya_log_ebpf::warn;
 use rpingmesh_agent_common::event::*;
 
 #[map(name = "QP_EVENTS")]
@@ -71,6 +72,10 @@ fn header(kind: u8, source: u8) -> QpEvent {
 
 #[inline(always)]
 fn emit(ev: &QpEvent) {
+    if ev.flags & FLAG_READ_ERROR != 0 {
+        // One diagnostic per event, at one place per program (the agent names the field).
+        warn!(&(), "rpingmesh: cannot read field {}", ev.bad_field);
+    }
     match QP_EVENTS.reserve::<QpEvent>(0) {
         Some(mut slot) => {
             slot.write(*ev);
@@ -80,8 +85,14 @@ fn emit(ev: &QpEvent) {
     }
 }
 
+/// A field could not be read (bad pointer, wrong offset at `addr`): flag the event,
+/// count it, and keep the first such field for `emit` to name.
 #[inline(always)]
-fn read_err(ev: &mut QpEvent) {
+fn read_err(what: u8, addr: u64, ev: &mut QpEvent) {
+    let _ = addr;
+    if ev.flags & FLAG_READ_ERROR == 0 {
+        ev.bad_field = what;
+    }
     ev.flags |= FLAG_READ_ERROR;
     bump(STAT_READ_ERRORS);
 }
@@ -89,11 +100,11 @@ fn read_err(ev: &mut QpEvent) {
 // ---------------------------------------------------------------- user (libibverbs)
 
 #[inline(always)]
-fn ur<T>(addr: u64, ev: &mut QpEvent) -> Option<T> {
+fn ur<T>(addr: u64, what: u8, ev: &mut QpEvent) -> Option<T> {
     match unsafe { bpf_probe_read_user(addr as *const T) } {
         Ok(v) => Some(v),
         Err(_) => {
-            read_err(ev);
+            read_err(what, addr, ev);
             None
         }
     }
@@ -103,20 +114,20 @@ fn ur<T>(addr: u64, ev: &mut QpEvent) -> Option<T> {
 #[inline(always)]
 fn user_qp(qp: u64, ev: &mut QpEvent) {
     ev.qp_ptr = qp;
-    if let Some(n) = ur::<u32>(qp + ibv::QP_QP_NUM as u64, ev) {
+    if let Some(n) = ur::<u32>(qp + ibv::QP_QP_NUM as u64, field::IBV_QP__QP_NUM, ev) {
         ev.qp_num = n;
     }
-    if let Some(t) = ur::<u32>(qp + ibv::QP_QP_TYPE as u64, ev) {
+    if let Some(t) = ur::<u32>(qp + ibv::QP_QP_TYPE as u64, field::IBV_QP__QP_TYPE, ev) {
         ev.qp_type = t as u8;
     }
-    if let Some(ctx) = ur::<u64>(qp + ibv::QP_CONTEXT as u64, ev) {
+    if let Some(ctx) = ur::<u64>(qp + ibv::QP_CONTEXT as u64, field::IBV_QP__CONTEXT, ev) {
         ev.ctx = ctx;
         if ctx != 0 {
-            if let Some(dev) = ur::<u64>(ctx + ibv::CONTEXT_DEVICE as u64, ev) {
+            if let Some(dev) = ur::<u64>(ctx + ibv::CONTEXT_DEVICE as u64, field::IBV_CONTEXT__DEVICE, ev) {
                 if dev != 0 {
                     let src = (dev + ibv::DEVICE_NAME as u64) as *const u8;
                     if unsafe { bpf_probe_read_user_buf(src, &mut ev.dev_name) }.is_err() {
-                        read_err(ev);
+                        read_err(field::IBV_DEVICE__NAME, src as u64, ev);
                     }
                 }
             }
@@ -160,31 +171,31 @@ pub fn ibv_modify_qp(ctx: ProbeContext) -> u32 {
     let mut ev = header(KIND_MODIFY, SOURCE_UPROBE);
     ev.attr_mask = mask;
     user_qp(qp, &mut ev);
-    if let Some(s) = ur::<u32>(attr + ibv::ATTR_QP_STATE as u64, &mut ev) {
+    if let Some(s) = ur::<u32>(attr + ibv::ATTR_QP_STATE as u64, field::IBV_QP_ATTR__QP_STATE, &mut ev) {
         ev.qp_state = s as u8;
     }
     if mask & QP_ATTR_DEST_QPN != 0 {
-        if let Some(d) = ur::<u32>(attr + ibv::ATTR_DEST_QP_NUM as u64, &mut ev) {
+        if let Some(d) = ur::<u32>(attr + ibv::ATTR_DEST_QP_NUM as u64, field::IBV_QP_ATTR__DEST_QP_NUM, &mut ev) {
             ev.dest_qp_num = d;
         }
     }
     if mask & QP_ATTR_PORT != 0 {
-        if let Some(p) = ur::<u8>(attr + ibv::ATTR_PORT_NUM as u64, &mut ev) {
+        if let Some(p) = ur::<u8>(attr + ibv::ATTR_PORT_NUM as u64, field::IBV_QP_ATTR__PORT_NUM, &mut ev) {
             ev.port = p;
         }
     }
     if mask & QP_ATTR_AV != 0 {
         let ah = attr + ibv::ATTR_AH_ATTR as u64;
-        if let Some(sl) = ur::<u8>(ah + ibv::AH_SL as u64, &mut ev) {
+        if let Some(sl) = ur::<u8>(ah + ibv::AH_SL as u64, field::IBV_AH_ATTR__SL, &mut ev) {
             ev.sl = sl;
         }
         // The AV's port wins over QP_ATTR_PORT: it is the port the path leaves from.
-        if let Some(p) = ur::<u8>(ah + ibv::AH_PORT_NUM as u64, &mut ev) {
+        if let Some(p) = ur::<u8>(ah + ibv::AH_PORT_NUM as u64, field::IBV_AH_ATTR__PORT_NUM, &mut ev) {
             if p != 0 {
                 ev.port = p;
             }
         }
-        if let Some(g) = ur::<u8>(ah + ibv::AH_IS_GLOBAL as u64, &mut ev) {
+        if let Some(g) = ur::<u8>(ah + ibv::AH_IS_GLOBAL as u64, field::IBV_AH_ATTR__IS_GLOBAL, &mut ev) {
             if g != 0 {
                 ev.flags |= FLAG_GRH;
             }
@@ -195,18 +206,18 @@ pub fn ibv_modify_qp(ctx: ProbeContext) -> u32 {
         }
         .is_err()
         {
-            read_err(&mut ev);
+            read_err(field::IBV_GLOBAL_ROUTE__DGID, grh + ibv::GRH_DGID as u64, &mut ev);
         }
-        if let Some(f) = ur::<u32>(grh + ibv::GRH_FLOW_LABEL as u64, &mut ev) {
+        if let Some(f) = ur::<u32>(grh + ibv::GRH_FLOW_LABEL as u64, field::IBV_GLOBAL_ROUTE__FLOW_LABEL, &mut ev) {
             ev.flow_label = f;
         }
-        if let Some(v) = ur::<u8>(grh + ibv::GRH_SGID_INDEX as u64, &mut ev) {
+        if let Some(v) = ur::<u8>(grh + ibv::GRH_SGID_INDEX as u64, field::IBV_GLOBAL_ROUTE__SGID_INDEX, &mut ev) {
             ev.sgid_index = v;
         }
-        if let Some(v) = ur::<u8>(grh + ibv::GRH_HOP_LIMIT as u64, &mut ev) {
+        if let Some(v) = ur::<u8>(grh + ibv::GRH_HOP_LIMIT as u64, field::IBV_GLOBAL_ROUTE__HOP_LIMIT, &mut ev) {
             ev.hop_limit = v;
         }
-        if let Some(v) = ur::<u8>(grh + ibv::GRH_TRAFFIC_CLASS as u64, &mut ev) {
+        if let Some(v) = ur::<u8>(grh + ibv::GRH_TRAFFIC_CLASS as u64, field::IBV_GLOBAL_ROUTE__TRAFFIC_CLASS, &mut ev) {
             ev.traffic_class = v;
         }
     }
@@ -230,11 +241,11 @@ pub fn ibv_destroy_qp(ctx: ProbeContext) -> u32 {
 // ---------------------------------------------------------------- kernel (ib_uverbs)
 
 #[inline(always)]
-fn kr<T>(addr: u64, ev: &mut QpEvent) -> Option<T> {
+fn kr<T>(addr: u64, what: u8, ev: &mut QpEvent) -> Option<T> {
     match unsafe { bpf_probe_read_kernel(addr as *const T) } {
         Ok(v) => Some(v),
         Err(_) => {
-            read_err(ev);
+            read_err(what, addr, ev);
             None
         }
     }
@@ -246,21 +257,21 @@ fn kr<T>(addr: u64, ev: &mut QpEvent) -> Option<T> {
 #[inline(always)]
 fn kernel_qp(qp: u64, ev: &mut QpEvent) {
     ev.qp_ptr = qp;
-    if let Some(n) = kr::<u32>(qp + koff(KOFF_QP_QP_NUM), ev) {
+    if let Some(n) = kr::<u32>(qp + koff(KOFF_QP_QP_NUM), field::IB_QP__QP_NUM, ev) {
         ev.qp_num = n;
     }
-    if let Some(t) = kr::<u8>(qp + koff(KOFF_QP_QP_TYPE), ev) {
+    if let Some(t) = kr::<u8>(qp + koff(KOFF_QP_QP_TYPE), field::IB_QP__QP_TYPE, ev) {
         ev.qp_type = t;
     }
-    if let Some(p) = kr::<u8>(qp + koff(KOFF_QP_PORT), ev) {
+    if let Some(p) = kr::<u8>(qp + koff(KOFF_QP_PORT), field::IB_QP__PORT, ev) {
         ev.port = p;
     }
-    if let Some(dev) = kr::<u64>(qp + koff(KOFF_QP_DEVICE), ev) {
+    if let Some(dev) = kr::<u64>(qp + koff(KOFF_QP_DEVICE), field::IB_QP__DEVICE, ev) {
         ev.ctx = dev;
         if dev != 0 {
             let src = (dev + koff(KOFF_DEVICE_NAME)) as *const u8;
             if unsafe { bpf_probe_read_kernel_buf(src, &mut ev.dev_name) }.is_err() {
-                read_err(ev);
+                read_err(field::IB_DEVICE__NAME, src as u64, ev);
             }
         }
     }
@@ -305,16 +316,16 @@ pub fn ib_modify_qp_with_udata(ctx: ProbeContext) -> u32 {
     let mut ev = header(KIND_MODIFY, SOURCE_KPROBE);
     ev.attr_mask = mask;
     kernel_qp(qp, &mut ev);
-    if let Some(s) = kr::<u8>(attr + koff(KOFF_ATTR_QP_STATE), &mut ev) {
+    if let Some(s) = kr::<u8>(attr + koff(KOFF_ATTR_QP_STATE), field::IB_QP_ATTR__QP_STATE, &mut ev) {
         ev.qp_state = s;
     }
     if mask & QP_ATTR_DEST_QPN != 0 {
-        if let Some(d) = kr::<u32>(attr + koff(KOFF_ATTR_DEST_QP_NUM), &mut ev) {
+        if let Some(d) = kr::<u32>(attr + koff(KOFF_ATTR_DEST_QP_NUM), field::IB_QP_ATTR__DEST_QP_NUM, &mut ev) {
             ev.dest_qp_num = d;
         }
     }
     if mask & QP_ATTR_PORT != 0 {
-        if let Some(p) = kr::<u8>(attr + koff(KOFF_ATTR_PORT_NUM), &mut ev) {
+        if let Some(p) = kr::<u8>(attr + koff(KOFF_ATTR_PORT_NUM), field::IB_QP_ATTR__PORT_NUM, &mut ev) {
             ev.port = p;
         }
     }
@@ -330,15 +341,15 @@ pub fn ib_modify_qp_with_udata(ctx: ProbeContext) -> u32 {
 #[inline(always)]
 fn kernel_av(attr: u64, ev: &mut QpEvent) {
     let ah = attr + koff(KOFF_ATTR_AH_ATTR);
-    if let Some(sl) = kr::<u8>(ah + koff(KOFF_AH_SL), ev) {
+    if let Some(sl) = kr::<u8>(ah + koff(KOFF_AH_SL), field::RDMA_AH_ATTR__SL, ev) {
         ev.sl = sl;
     }
-    if let Some(p) = kr::<u8>(ah + koff(KOFF_AH_PORT_NUM), ev) {
+    if let Some(p) = kr::<u8>(ah + koff(KOFF_AH_PORT_NUM), field::RDMA_AH_ATTR__PORT_NUM, ev) {
         if p != 0 {
             ev.port = p;
         }
     }
-    if let Some(f) = kr::<u8>(ah + koff(KOFF_AH_FLAGS), ev) {
+    if let Some(f) = kr::<u8>(ah + koff(KOFF_AH_FLAGS), field::RDMA_AH_ATTR__AH_FLAGS, ev) {
         if f & 1 != 0 {
             ev.flags |= FLAG_GRH; // IB_AH_GRH
         }
@@ -346,18 +357,18 @@ fn kernel_av(attr: u64, ev: &mut QpEvent) {
     let grh = ah + koff(KOFF_AH_GRH);
     let src = (grh + koff(KOFF_GRH_DGID)) as *const u8;
     if unsafe { bpf_probe_read_kernel_buf(src, &mut ev.dgid) }.is_err() {
-        read_err(ev);
+        read_err(field::IB_GLOBAL_ROUTE__DGID, src as u64, ev);
     }
-    if let Some(f) = kr::<u32>(grh + koff(KOFF_GRH_FLOW_LABEL), ev) {
+    if let Some(f) = kr::<u32>(grh + koff(KOFF_GRH_FLOW_LABEL), field::IB_GLOBAL_ROUTE__FLOW_LABEL, ev) {
         ev.flow_label = f;
     }
-    if let Some(v) = kr::<u8>(grh + koff(KOFF_GRH_SGID_INDEX), ev) {
+    if let Some(v) = kr::<u8>(grh + koff(KOFF_GRH_SGID_INDEX), field::IB_GLOBAL_ROUTE__SGID_INDEX, ev) {
         ev.sgid_index = v;
     }
-    if let Some(v) = kr::<u8>(grh + koff(KOFF_GRH_HOP_LIMIT), ev) {
+    if let Some(v) = kr::<u8>(grh + koff(KOFF_GRH_HOP_LIMIT), field::IB_GLOBAL_ROUTE__HOP_LIMIT, ev) {
         ev.hop_limit = v;
     }
-    if let Some(v) = kr::<u8>(grh + koff(KOFF_GRH_TRAFFIC_CLASS), ev) {
+    if let Some(v) = kr::<u8>(grh + koff(KOFF_GRH_TRAFFIC_CLASS), field::IB_GLOBAL_ROUTE__TRAFFIC_CLASS, ev) {
         ev.traffic_class = v;
     }
 }
@@ -394,11 +405,11 @@ pub fn ib_query_qp_ret(ctx: RetProbeContext) -> u32 {
         return 0;
     }
     let mut ev = header(KIND_QUERY, SOURCE_KPROBE);
-    let task = match kr::<u64>(qp + koff(KOFF_QP_RES) + koff(KOFF_RES_TASK), &mut ev) {
+    let task = match kr::<u64>(qp + koff(KOFF_QP_RES) + koff(KOFF_RES_TASK), field::IB_QP__RES__TASK, &mut ev) {
         Some(t) if t != 0 => t,
         _ => return 0,
     };
-    match kr::<i32>(task + koff(KOFF_TASK_TGID), &mut ev) {
+    match kr::<i32>(task + koff(KOFF_TASK_TGID), field::TASK_STRUCT__TGID, &mut ev) {
         Some(t) if t > 0 => {
             ev.tgid = t as u32;
             ev.pid = t as u32;
@@ -407,16 +418,16 @@ pub fn ib_query_qp_ret(ctx: RetProbeContext) -> u32 {
     }
     let comm = (task + koff(KOFF_TASK_COMM)) as *const u8;
     if unsafe { bpf_probe_read_kernel_buf(comm, &mut ev.comm) }.is_err() {
-        read_err(&mut ev);
+        read_err(field::TASK_STRUCT__COMM, comm as u64, &mut ev);
     }
     ev.cgroup_id = 0; // the querier's cgroup would be wrong; the owner's is not at hand
     kernel_qp(qp, &mut ev);
     // Everything a query returns counts as given: state, remote QPN and path.
     ev.attr_mask = QP_ATTR_STATE | QP_ATTR_DEST_QPN | QP_ATTR_AV;
-    if let Some(s) = kr::<u8>(attr + koff(KOFF_ATTR_QP_STATE), &mut ev) {
+    if let Some(s) = kr::<u8>(attr + koff(KOFF_ATTR_QP_STATE), field::IB_QP_ATTR__QP_STATE, &mut ev) {
         ev.qp_state = s;
     }
-    if let Some(d) = kr::<u32>(attr + koff(KOFF_ATTR_DEST_QP_NUM), &mut ev) {
+    if let Some(d) = kr::<u32>(attr + koff(KOFF_ATTR_DEST_QP_NUM), field::IB_QP_ATTR__DEST_QP_NUM, &mut ev) {
         ev.dest_qp_num = d;
     }
     kernel_av(attr, &mut ev);
@@ -456,10 +467,10 @@ pub fn sched_process_exit(_ctx: RawTracePointContext) -> i32 {
     let mut ev = header(KIND_EXIT, SOURCE_TRACEPOINT);
     if koff(KOFF_EXIT_VALID) != 0 {
         let task = unsafe { aya_ebpf::helpers::generated::bpf_get_current_task() };
-        let Some(signal) = kr::<u64>(task + koff(KOFF_TASK_SIGNAL), &mut ev) else {
+        let Some(signal) = kr::<u64>(task + koff(KOFF_TASK_SIGNAL), field::TASK_STRUCT__SIGNAL, &mut ev) else {
             return 0;
         };
-        match kr::<i32>(signal + koff(KOFF_SIGNAL_LIVE), &mut ev) {
+        match kr::<i32>(signal + koff(KOFF_SIGNAL_LIVE), field::SIGNAL_STRUCT__LIVE, &mut ev) {
             Some(0) => {}
             _ => return 0, // other threads still run
         }

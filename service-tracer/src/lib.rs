@@ -8,6 +8,7 @@
 //! (incremental, coalesced) or [`ServiceTracer::snapshot`] (full resend).
 
 pub mod btf;
+pub mod diag;
 pub mod flows;
 pub mod host;
 
@@ -294,6 +295,7 @@ pub struct ServiceTracer {
     queries: bool,
     /// The kernel reports traced processes' exits (no /proc polling needed).
     exits: bool,
+    diagnostics: diag::Diagnostics,
     // Dropping it detaches every program.
     _ebpf: Ebpf,
 }
@@ -403,10 +405,23 @@ impl ServiceTracer {
         } else {
             cfg.liveness_interval
         };
+        let diagnostics = diag::Diagnostics::default();
+        let logs = match aya_log::EbpfLogger::init_with_logger(&mut ebpf, diagnostics.clone()) {
+            // SAFETY: the logger's ring-buffer fd stays open while the AsyncFd owns it.
+            Ok(l) => unsafe {
+                tokio::io::unix::AsyncFd::register_with_interest(l, tokio::io::Interest::READABLE)
+            }
+            .ok(),
+            Err(e) => {
+                tracing::debug!(error = %e, "eBPF diagnostics unavailable");
+                None
+            }
+        };
         let task = tokio::spawn(reader(
             afd,
             counters,
             traced,
+            logs,
             shared.clone(),
             resolver,
             filter,
@@ -419,6 +434,7 @@ impl ServiceTracer {
             attachments,
             queries,
             exits,
+            diagnostics,
             _ebpf: ebpf,
         })
     }
@@ -447,6 +463,11 @@ impl ServiceTracer {
     /// Whether the kernel reports traced processes' exits (else /proc is polled).
     pub fn reports_exits(&self) -> bool {
         self.exits
+    }
+
+    /// What the eBPF programs said (aya-log), each distinct message with its count.
+    pub fn diagnostics(&self) -> Vec<(String, u64)> {
+        self.diagnostics.messages()
     }
 
     /// "program -> target" for every attached probe.
@@ -608,10 +629,20 @@ fn sync_traced(map: &mut Option<BpfHashMap<MapData, u32, u8>>, changes: Vec<(u32
     }
 }
 
+type EbpfLogs = tokio::io::unix::AsyncFd<aya_log::EbpfLogger<diag::Diagnostics>>;
+
+/// Reads the programs' log records; false once reading them failed (malformed record:
+/// the diagnostics stop, tracing goes on).
+fn drain_logs(logs: &mut aya_log::EbpfLogger<diag::Diagnostics>) -> bool {
+    // aya-log unwraps inside flush: a malformed record must not take the tracer down.
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| logs.flush())).is_ok()
+}
+
 async fn reader(
     mut afd: tokio::io::unix::AsyncFd<RingBuf<MapData>>,
     counters: PerCpuArray<MapData, u64>,
     mut traced: Option<BpfHashMap<MapData, u32, u8>>,
+    mut logs: Option<EbpfLogs>,
     shared: Arc<Shared>,
     resolver: Arc<dyn GidResolver>,
     filter: Arc<dyn QpFilter>,
@@ -656,6 +687,20 @@ async fn reader(
                 sync_traced(&mut traced, changes);
                 if pending {
                     shared.notify.notify_waiters();
+                }
+            }
+            guard = async { logs.as_mut().expect("guarded").readable_mut().await }, if logs.is_some() => {
+                let ok = match guard {
+                    Ok(mut g) => {
+                        let ok = drain_logs(g.get_inner_mut());
+                        g.clear_ready();
+                        ok
+                    }
+                    Err(_) => false,
+                };
+                if !ok {
+                    tracing::warn!("eBPF diagnostics stopped: their ring buffer gave an unreadable record");
+                    logs = None;
                 }
             }
             _ = tick.tick() => {

@@ -516,6 +516,51 @@ async fn exit_of_a_traced_process_comes_from_the_kernel() {
     assert!(t.stats().exits >= 1, "{:?}", t.stats());
 }
 
+/// A field the program cannot read (an unmapped attr pointer) is counted and named in
+/// the program's own log record (aya-log), which the tracer turns into a log line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreadable_field_is_named_by_the_program() {
+    if object_or_skip("unreadable_field_is_named_by_the_program").is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let exe = build_fixture(dir.path());
+    let t = start_on(&exe).unwrap();
+    let mut fx = Fixture::spawn(
+        &exe,
+        &[
+            "--qpn",
+            "0x800",
+            "--qps",
+            "1",
+            "--dgid",
+            REMOTE_HEX,
+            "--bad-attr",
+        ],
+    );
+    fx.expect("ready");
+    fx.go();
+    fx.expect("connected");
+    // The good modifies still make the flow.
+    let first = next_batch(&t).await;
+    assert!(
+        matches!(first.changes.as_slice(), [FlowChange::Upsert(_)]),
+        "{first:?}"
+    );
+    let want = "rpingmesh: cannot read ibv_qp_attr.qp_state";
+    let mut said = Vec::new();
+    for _ in 0..50 {
+        said = t.diagnostics();
+        if said.iter().any(|(m, _)| m == want) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(said.iter().any(|(m, n)| m == want && *n == 1), "{said:?}");
+    let stats = t.stats();
+    assert!(stats.read_errors >= 1 || stats.events > 0, "{stats:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn uprobes_attach_to_system_libibverbs() {
     if object_or_skip("uprobes_attach_to_system_libibverbs").is_none() {
