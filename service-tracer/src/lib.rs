@@ -418,10 +418,12 @@ impl ServiceTracer {
             }
         };
         let task = tokio::spawn(reader(
-            afd,
-            counters,
-            traced,
-            logs,
+            KernelSide {
+                events: afd,
+                counters,
+                traced,
+                logs,
+            },
             shared.clone(),
             resolver,
             filter,
@@ -638,16 +640,28 @@ fn drain_logs(logs: &mut aya_log::EbpfLogger<diag::Diagnostics>) -> bool {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| logs.flush())).is_ok()
 }
 
-async fn reader(
-    mut afd: tokio::io::unix::AsyncFd<RingBuf<MapData>>,
+/// The kernel side the reader works with: the event ring, the programs' counters, the
+/// exit filter and the programs' log records.
+struct KernelSide {
+    events: tokio::io::unix::AsyncFd<RingBuf<MapData>>,
     counters: PerCpuArray<MapData, u64>,
-    mut traced: Option<BpfHashMap<MapData, u32, u8>>,
-    mut logs: Option<EbpfLogs>,
+    traced: Option<BpfHashMap<MapData, u32, u8>>,
+    logs: Option<EbpfLogs>,
+}
+
+async fn reader(
+    kernel: KernelSide,
     shared: Arc<Shared>,
     resolver: Arc<dyn GidResolver>,
     filter: Arc<dyn QpFilter>,
     liveness: Duration,
 ) {
+    let KernelSide {
+        events: mut afd,
+        counters,
+        mut traced,
+        mut logs,
+    } = kernel;
     let mut tick = tokio::time::interval(liveness.max(Duration::from_millis(10)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut out = Vec::new();
