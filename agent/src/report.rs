@@ -1,11 +1,13 @@
-//! Per-path window summaries -> bounded channel -> `ReportProbeAnalysis` batches.
-//! Probing never waits on reporting: a full channel drops the summary and counts it.
+//! Per-path window summaries -> bounded channel -> outbox -> `ReportProbeAnalysis`
+//! batches. Probing never waits on reporting: a full channel drops the summary and
+//! counts it. Reporting never loses a window to a failed send: batches are retried.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rpingmesh_proto::controller_agent::PathSummary;
+use rpingmesh_proto::controller_agent::{PathSummary, ProbeAnalysisAck};
 use rpingmesh_protocol::aggregate::WindowSummary;
 use rpingmesh_protocol::PinglistKind;
 use tokio::sync::mpsc;
@@ -92,59 +94,169 @@ pub fn channel(capacity: usize) -> (ReportSink, mpsc::Receiver<PathSummary>) {
     )
 }
 
-/// Takes `first` plus whatever is queued, up to `max` summaries.
-pub fn fill_batch(
-    first: PathSummary,
-    rx: &mut mpsc::Receiver<PathSummary>,
-    max: usize,
-) -> Vec<PathSummary> {
-    let mut batch = Vec::with_capacity(max.min(64));
-    batch.push(first);
-    while batch.len() < max {
-        match rx.try_recv() {
-            Ok(s) => batch.push(s),
-            Err(_) => break,
-        }
-    }
-    batch
+/// Summaries waiting to be reported (pure: no I/O, no clock). A failed batch stays at the
+/// front and is sent again, so a controller that is down, restarting or slow loses
+/// nothing; only past `cap` are the oldest dropped (and counted).
+#[derive(Debug)]
+pub struct Outbox {
+    pending: VecDeque<PathSummary>,
+    cap: usize,
+    dropped: u64,
+    /// Consecutive failed sends (for the back-off).
+    failures: u32,
 }
 
-/// Sends batches until every sender is dropped and the channel is drained.
+impl Outbox {
+    pub fn new(cap: usize) -> Self {
+        Outbox {
+            pending: VecDeque::new(),
+            cap: cap.max(1),
+            dropped: 0,
+            failures: 0,
+        }
+    }
+
+    pub fn push(&mut self, s: PathSummary) {
+        if self.pending.len() >= self.cap {
+            self.pending.pop_front();
+            self.dropped += 1;
+        }
+        self.pending.push_back(s);
+    }
+
+    pub fn len(&self) -> usize {
+        self.pending.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pending.is_empty()
+    }
+
+    /// Summaries dropped because the outbox was full.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+
+    /// The next batch (up to `max`, oldest first); it stays queued until `sent`.
+    pub fn batch(&self, max: usize) -> Vec<PathSummary> {
+        self.pending.iter().take(max.max(1)).cloned().collect()
+    }
+
+    /// The controller took the first `n`.
+    pub fn sent(&mut self, n: usize) {
+        let n = n.min(self.pending.len());
+        self.pending.drain(..n);
+        self.failures = 0;
+    }
+
+    /// A send failed: the batch stays; returns how long to wait before the next try
+    /// (0.5 s doubling, at most 8 s).
+    pub fn failed(&mut self) -> Duration {
+        self.failures = self.failures.saturating_add(1);
+        let ms = 500u64 << self.failures.saturating_sub(1).min(4);
+        Duration::from_millis(ms)
+    }
+
+    pub fn failing(&self) -> bool {
+        self.failures > 0
+    }
+}
+
+/// Summaries kept while the controller cannot take them (about 2 MB at most).
+pub const OUTBOX_CAP: usize = 8192;
+
+/// One ReportProbeAnalysis call in flight (with its 10 s timeout).
+type InFlight = std::pin::Pin<
+    Box<
+        dyn std::future::Future<
+                Output = Result<
+                    Result<ProbeAnalysisAck, crate::controller_client::ControllerError>,
+                    tokio::time::error::Elapsed,
+                >,
+            > + Send,
+    >,
+>;
+
+/// Sends batches until every sender is dropped; then tries once more to deliver what is
+/// left and returns. While a batch is in flight (or waiting to be retried), new
+/// summaries keep moving from the channel to the outbox, so the probing side never
+/// finds the channel full because the controller is slow.
 pub async fn run_reporter(
     client: ControllerClient,
     agent_id: String,
     mut rx: mpsc::Receiver<PathSummary>,
     batch_max: usize,
 ) {
-    let mut failing = false;
-    while let Some(first) = rx.recv().await {
-        let batch = fill_batch(first, &mut rx, batch_max.max(1));
-        let n = batch.len();
-        match tokio::time::timeout(Duration::from_secs(10), client.report(&agent_id, batch)).await {
-            Ok(Ok(ack)) => {
-                if failing {
-                    tracing::info!("PathSummary reports accepted again");
-                }
-                failing = false;
-                tracing::debug!(
-                    summaries = n,
-                    accepted = ack.accepted,
-                    sla_violations = ack.sla_violations,
-                    "reported"
+    let batch_max = batch_max.max(1);
+    let mut outbox = Outbox::new(OUTBOX_CAP);
+    let mut in_flight: Option<(usize, InFlight)> = None;
+    let mut retry_at = tokio::time::Instant::now();
+    let mut open = true;
+    let mut dropped_logged = 0u64;
+    loop {
+        if in_flight.is_none() && !outbox.is_empty() && tokio::time::Instant::now() >= retry_at {
+            let batch = outbox.batch(batch_max);
+            let n = batch.len();
+            let (c, id) = (client.clone(), agent_id.clone());
+            in_flight = Some((
+                n,
+                Box::pin(async move {
+                    tokio::time::timeout(Duration::from_secs(10), c.report(&id, batch)).await
+                }),
+            ));
+        }
+        if !open && in_flight.is_none() {
+            // Shutting down: nothing in flight, so the last try is over.
+            if !outbox.is_empty() {
+                tracing::warn!(
+                    summaries = outbox.len(),
+                    "PathSummary reports not delivered at shutdown"
                 );
             }
-            Ok(Err(e)) => {
-                if !failing {
-                    tracing::warn!(error = %e, summaries = n, "PathSummary report failed; batch dropped");
+            return;
+        }
+        tokio::select! {
+            r = rx.recv(), if open => match r {
+                Some(s) => {
+                    outbox.push(s);
+                    if outbox.dropped() > dropped_logged && outbox.dropped().is_power_of_two() {
+                        dropped_logged = outbox.dropped();
+                        tracing::warn!(dropped_total = outbox.dropped(), "report outbox full: oldest PathSummary dropped");
+                    }
                 }
-                failing = true;
-            }
-            Err(_) => {
-                if !failing {
-                    tracing::warn!(summaries = n, "PathSummary report timed out; batch dropped");
+                None => {
+                    open = false;
+                    retry_at = tokio::time::Instant::now();
                 }
-                failing = true;
-            }
+            },
+            r = async { in_flight.as_mut().expect("guarded").1.as_mut().await }, if in_flight.is_some() => {
+                let (n, _) = in_flight.take().expect("guarded");
+                match r {
+                    Ok(Ok(ack)) => {
+                        if outbox.failing() {
+                            tracing::info!(queued = outbox.len(), "PathSummary reports accepted again");
+                        }
+                        outbox.sent(n);
+                        tracing::debug!(summaries = n, accepted = ack.accepted, sla_violations = ack.sla_violations, "reported");
+                    }
+                    Ok(Err(e)) => {
+                        if !outbox.failing() {
+                            tracing::warn!(error = %e, queued = outbox.len(), "PathSummary report failed; kept for a retry");
+                        }
+                        retry_at = tokio::time::Instant::now() + outbox.failed();
+                    }
+                    Err(_) => {
+                        if !outbox.failing() {
+                            tracing::warn!(queued = outbox.len(), "PathSummary report timed out; kept for a retry");
+                        }
+                        retry_at = tokio::time::Instant::now() + outbox.failed();
+                    }
+                }
+                if !open && outbox.failing() {
+                    return; // shutting down: no retries
+                }
+            },
+            _ = tokio::time::sleep_until(retry_at), if in_flight.is_none() && !outbox.is_empty() && open => {}
         }
     }
 }
@@ -235,25 +347,37 @@ mod tests {
             sink.offer(summary(i));
         }
         assert_eq!(sink.dropped(), 3);
-        let first = rx.recv().await.unwrap();
-        let batch = fill_batch(first, &mut rx, 256);
-        assert_eq!(
-            batch.iter().map(|s| s.probe_total).collect::<Vec<_>>(),
-            vec![0, 1]
-        );
+        assert_eq!(rx.recv().await.unwrap().probe_total, 0);
+        assert_eq!(rx.recv().await.unwrap().probe_total, 1);
     }
 
-    #[tokio::test]
-    async fn batches_are_capped() {
-        let (sink, mut rx) = channel(100);
-        for i in 0..10 {
-            sink.offer(summary(i));
+    #[test]
+    fn outbox_keeps_failed_batches_in_order_and_drops_oldest_past_its_cap() {
+        let mut o = Outbox::new(5);
+        for i in 0..4 {
+            o.push(summary(i));
         }
-        let first = rx.recv().await.unwrap();
-        assert_eq!(fill_batch(first, &mut rx, 4).len(), 4);
-        let first = rx.recv().await.unwrap();
-        assert_eq!(fill_batch(first, &mut rx, 4).len(), 4);
-        let first = rx.recv().await.unwrap();
-        assert_eq!(fill_batch(first, &mut rx, 4).len(), 2);
+        let b = o.batch(3);
+        assert_eq!(
+            b.iter().map(|s| s.probe_total).collect::<Vec<_>>(),
+            vec![0, 1, 2]
+        );
+        // Failed: nothing leaves, back-off grows and is capped.
+        let waits: Vec<u64> = (0..7).map(|_| o.failed().as_millis() as u64).collect();
+        assert_eq!(waits, vec![500, 1000, 2000, 4000, 8000, 8000, 8000]);
+        assert!(o.failing());
+        assert_eq!(o.batch(3), b, "the same batch again");
+        o.sent(3);
+        assert!(!o.failing());
+        assert_eq!(
+            o.batch(9).iter().map(|s| s.probe_total).collect::<Vec<_>>(),
+            vec![3]
+        );
+        for i in 10..16 {
+            o.push(summary(i));
+        }
+        assert_eq!(o.len(), 5);
+        assert_eq!(o.dropped(), 2);
+        assert_eq!(o.batch(1)[0].probe_total, 11, "oldest dropped first");
     }
 }

@@ -84,8 +84,17 @@ impl ControllerState {
                 ..AnalyzerParams::default()
             }))
         });
+        let registry = IndexedRegistry::new(store)?;
+        let now = clock() / 1_000_000_000;
+        let n = registry.grace(now)?;
+        if n > 0 {
+            tracing::info!(
+                rnics = n,
+                "registry loaded; its RNICs count as alive for one active threshold"
+            );
+        }
         Ok(Self {
-            registry: IndexedRegistry::new(store)?,
+            registry,
             analyzer,
             metrics,
             pinglist: PinglistParams {

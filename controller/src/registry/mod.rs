@@ -62,6 +62,8 @@ pub trait Registry: Send {
     /// Deletes RNICs not updated for more than `stale_after` seconds (and agents left
     /// without RNICs); returns the number of RNICs removed.
     fn remove_stale(&mut self, now: u64, stale_after: u64) -> Result<usize, RegistryError>;
+    /// Refreshes every agent and RNIC to `now` (see [`IndexedRegistry::grace`]).
+    fn touch_all(&mut self, now: u64) -> Result<usize, RegistryError>;
 }
 
 /// Opens the store selected by `database_uri`.
@@ -119,6 +121,26 @@ impl IndexedRegistry {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .touch(agent_id, now);
+        Ok(n)
+    }
+
+    /// At controller start: every registered RNIC counts as refreshed now. While the
+    /// controller was down nobody could heartbeat, so the stored times say nothing about
+    /// who is alive; without this grace a controller down for longer than the active
+    /// threshold would hand out empty pinglists (or purge everyone) until each agent's
+    /// next heartbeat. A really dead RNIC goes inactive one active threshold later.
+    pub fn grace(&self, now: u64) -> Result<usize, RegistryError> {
+        let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
+        let n = store.touch_all(now)?;
+        let mut idx = self.index.write().unwrap_or_else(|e| e.into_inner());
+        let agents: Vec<String> = idx
+            .agents()
+            .filter(|a| a.last_updated < now)
+            .map(|a| a.agent_id.clone())
+            .collect();
+        for a in agents {
+            idx.touch(&a, now);
+        }
         Ok(n)
     }
 
@@ -281,6 +303,38 @@ mod tests {
     }
 
     #[test]
+    fn grace_at_start_refreshes_everyone_in_store_and_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("reg.db");
+        let reg = IndexedRegistry::new(Box::new(SqliteRegistry::open(&path).unwrap())).unwrap();
+        reg.register_agent(&agent("old", "t1"), &[rnic("fd00::1", "t1")], 100)
+            .unwrap();
+        reg.register_agent(&agent("new", "t2"), &[rnic("fd00::2", "t2")], 3000)
+            .unwrap();
+        drop(reg);
+        // Restarted at 2000, long after "old" was last heard of.
+        let reg = IndexedRegistry::new(Box::new(SqliteRegistry::open(&path).unwrap())).unwrap();
+        assert_eq!(reg.grace(2000).unwrap(), 2);
+        let at = |g: &str| {
+            let g = rpingmesh_proto::gid::normalize_gid(g).unwrap();
+            reg.index().rnic(&g).unwrap().last_updated
+        };
+        assert_eq!(
+            (at("fd00::1"), at("fd00::2")),
+            (2000, 3000),
+            "never moved back"
+        );
+        assert_eq!(reg.index().agent("old").unwrap().last_updated, 2000);
+        reg.index().check();
+        // Not purged at once; purged a stale threshold after the grace.
+        assert_eq!(reg.remove_stale(2500, 900).unwrap(), 0);
+        assert_eq!(reg.remove_stale(2901, 900).unwrap(), 1);
+        drop(reg);
+        let reg = IndexedRegistry::new(Box::new(SqliteRegistry::open(&path).unwrap())).unwrap();
+        assert_eq!(reg.index().len(), 1, "the store agrees");
+    }
+
+    #[test]
     fn store_drops_an_agent_whose_last_gid_moved() {
         let mut st = SqliteRegistry::open_in_memory().unwrap();
         st.register_agent(
@@ -317,11 +371,20 @@ mod tests {
     }
 
     #[test]
-    fn missing_directory_is_a_clear_error() {
-        let e = SqliteRegistry::open(std::path::Path::new("/nonexistent-dir/x.db"))
-            .err()
-            .unwrap();
-        assert!(e.to_string().contains("/nonexistent-dir"), "{e}");
+    fn missing_directory_is_created_or_a_clear_error() {
+        let dir = tempfile::tempdir().unwrap();
+        // Created on first start, as for /var/lib/rpingmesh.
+        SqliteRegistry::open(&dir.path().join("a/b/x.db")).unwrap();
+        assert!(dir.path().join("a/b/x.db").is_file());
+        // A parent that cannot be a directory: one line naming it.
+        let file = dir.path().join("f");
+        std::fs::write(&file, "").unwrap();
+        let e = SqliteRegistry::open(&file.join("x.db")).err().unwrap();
+        assert!(
+            e.to_string().contains(&file.display().to_string())
+                && e.to_string().contains("set database_uri"),
+            "{e}"
+        );
         let e = open_store(&DatabaseUri::Etcd("h:2379".into()))
             .err()
             .unwrap();

@@ -58,7 +58,7 @@ impl SqliteRegistry {
         // The shipped config keeps the registry under /var/lib/rpingmesh: create the
         // directory on first start (systemd's StateDirectory does it for the unit).
         if let Some(dir) = path.parent() {
-            if !dir.as_os_str().is_empty() && !dir.exists() {
+            if !dir.as_os_str().is_empty() && !dir.is_dir() {
                 std::fs::create_dir_all(dir).map_err(|e| {
                     RegistryError::Other(format!(
                         "database directory {} does not exist and cannot be created ({e}); \
@@ -187,6 +187,17 @@ impl Registry for SqliteRegistry {
         let n = tx
             .prepare_cached("UPDATE rnics SET last_updated_epoch = ?2 WHERE agent_id = ?1")?
             .execute(params![agent_id, epoch(now)])?;
+        tx.commit()?;
+        Ok(n)
+    }
+
+    fn touch_all(&mut self, now: u64) -> Result<usize, RegistryError> {
+        let tx = self.conn.transaction()?;
+        tx.prepare_cached("UPDATE agents SET last_updated_epoch = max(last_updated_epoch, ?1)")?
+            .execute(params![epoch(now)])?;
+        let n = tx
+            .prepare_cached("UPDATE rnics SET last_updated_epoch = max(last_updated_epoch, ?1)")?
+            .execute(params![epoch(now)])?;
         tx.commit()?;
         Ok(n)
     }
