@@ -324,6 +324,14 @@ async fn refresh(
     if changed {
         tx.send_replace(Arc::new(cached.clone()));
     }
+    // Every refresh, changed or not (the soak measures pinglist convergence with it).
+    tracing::debug!(
+        gid = %p.requester_gid, ok = all_ok,
+        tor_mesh = cached.list(PinglistKind::TorMesh).len(),
+        inter_tor = cached.list(PinglistKind::InterTor).len(),
+        service = cached.list(PinglistKind::Service).len(),
+        "pinglists refreshed"
+    );
     (all_ok, service_unsupported)
 }
 

@@ -1,13 +1,14 @@
 //! rpingmesh-controller: RNIC registry (SQLite behind a trait, in-memory index),
 //! pinglists with ECMP flow-label coverage, the Phase 1 analyzer and the operator API.
 //!
-//! Pure parts (`ecmp`, `pinglist`, `analyzer`, `service_paths`, `registry::RegistryIndex`)
+//! Pure parts (`ecmp`, `liveness`, `pinglist`, `analyzer`, `service_paths`, `registry::RegistryIndex`)
 //! do no I/O;
 //! `service` and `server` are the thin gRPC layer over them.
 
 pub mod analyzer;
 pub mod config;
 pub mod ecmp;
+pub mod liveness;
 pub mod pinglist;
 pub mod registry;
 pub mod server;

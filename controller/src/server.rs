@@ -118,6 +118,22 @@ pub async fn start_with_state(
         })
     };
 
+    // The controller's own watch: notices when the process did not run (see
+    // `ControllerState::liveness_now_sec`).
+    let watch = {
+        let state = state.clone();
+        tokio::spawn(async move {
+            let mut tick =
+                tokio::time::interval(Duration::from_nanos(crate::liveness::WATCH_TICK_NS));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let st = state.clone();
+                let _ = tokio::task::spawn_blocking(move || st.liveness_now_sec()).await;
+            }
+        })
+    };
+
     let (tx, rx) = oneshot::channel::<()>();
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     let join = tokio::spawn(async move {
@@ -127,6 +143,7 @@ pub async fn start_with_state(
             })
             .await;
         sweeper.abort();
+        watch.abort();
         r
     });
     Ok(ServerHandle {

@@ -4,7 +4,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
@@ -27,6 +27,7 @@ use rpingmesh_proto::operator::{
 use crate::analyzer::{Analyzer, AnalyzerParams, PathFilter};
 use crate::config::ControllerConfig;
 use crate::ecmp;
+use crate::liveness::{heartbeat_interval_sec, StallWatch};
 use crate::pinglist::{self, PinglistParams};
 use crate::registry::{self, AgentRecord, IndexedRegistry, Registry, RegistryError, RnicRecord};
 use crate::service_paths::{ServicePathFilter, ServicePathParams, ServicePathTable, OTHER_SERVICE};
@@ -58,6 +59,10 @@ pub struct ControllerState {
     /// Live service paths. Lock order: registry index first, then this, then the analyzer.
     pub service_paths: Mutex<ServicePathTable>,
     clock: Clock,
+    /// The controller's own timeline (a monotonic clock: the injectable wall clock jumps
+    /// in tests that age registrations), watched for stalls.
+    stall: Mutex<StallWatch>,
+    started: Instant,
 }
 
 impl ControllerState {
@@ -86,7 +91,7 @@ impl ControllerState {
         });
         let registry = IndexedRegistry::new(store)?;
         let now = clock() / 1_000_000_000;
-        let n = registry.grace(now)?;
+        let n = registry.excuse(u64::MAX, now)?;
         if n > 0 {
             tracing::info!(
                 rnics = n,
@@ -115,6 +120,8 @@ impl ControllerState {
                 max_services: cfg.max_services as usize,
             })),
             clock,
+            stall: Mutex::new(StallWatch::default()),
+            started: Instant::now(),
         })
     }
 
@@ -124,6 +131,28 @@ impl ControllerState {
 
     pub fn now_sec(&self) -> u64 {
         self.now_ns() / 1_000_000_000
+    }
+
+    /// The time for a liveness decision. First excuses any time the controller itself
+    /// did not run (see [`StallWatch`]): after a SIGSTOP the first pinglist request must
+    /// not find every agent inactive because their heartbeats could not be heard. The
+    /// watch lock is held while the registry catches up, so a concurrent decision waits
+    /// for it. Also called every second by the server's watch tick.
+    pub fn liveness_now_sec(&self) -> u64 {
+        let mut watch = self.stall.lock().unwrap_or_else(|e| e.into_inner());
+        let now = self.now_sec();
+        let mono = self.started.elapsed().as_nanos() as u64;
+        if let Some(by) = watch.observe(mono) {
+            match self.registry.excuse(by, now) {
+                Ok(n) => tracing::warn!(
+                    unwatched_sec = by,
+                    rnics = n,
+                    "the controller did not run for a while; that time does not count against agents' liveness"
+                ),
+                Err(e) => tracing::error!(error = %e, "excusing a controller stall failed"),
+            }
+        }
+        now
     }
 
     /// The service-path table (poisoning is ignored: every update leaves it consistent).
@@ -141,7 +170,7 @@ impl ControllerState {
     /// RNICs'), but writes to the store at most once per quarter of the active threshold,
     /// so frequent RPCs cost a read of the index, not a store write each.
     pub fn note_alive(&self, agent_id: &str) {
-        let now = self.now_sec();
+        let now = self.liveness_now_sec();
         let refresh_after = (self.pinglist.active_threshold_sec / 4).max(1);
         let due = match self.registry.index().agent(agent_id) {
             Some(a) => now.saturating_sub(a.last_updated) >= refresh_after,
@@ -157,7 +186,7 @@ impl ControllerState {
     /// One stale sweep; returns the RNICs removed.
     pub fn remove_stale(&self) -> Result<usize, RegistryError> {
         self.registry
-            .remove_stale(self.now_sec(), self.stale_threshold_sec)
+            .remove_stale(self.liveness_now_sec(), self.stale_threshold_sec)
     }
 
     /// Per-request RNG: fresh entropy, or derived from `pinglist_seed` and the request
@@ -211,12 +240,6 @@ fn gid_arg(field: &str, text: &str) -> Result<String, Status> {
 fn store_err(e: RegistryError) -> Status {
     tracing::error!(error = %e, "registry store failure");
     Status::internal(e.to_string())
-}
-
-/// The heartbeat the controller asks of agents: three per active threshold (two may be
-/// lost before the agent goes inactive), at most the Go agent's 60 s, at least 1 s.
-pub fn heartbeat_interval_sec(active_threshold_sec: u64) -> u32 {
-    (active_threshold_sec / 3).clamp(1, 60) as u32
 }
 
 #[derive(Clone)]
@@ -350,7 +373,7 @@ impl ControllerService for ControllerSvc {
             tor_id: req.tor_id.clone(),
             last_updated: 0,
         };
-        let now = self.0.now_sec();
+        let now = self.0.liveness_now_sec();
         self.0
             .registry
             .register_agent(&agent, &rnics, now)
@@ -381,7 +404,7 @@ impl ControllerService for ControllerSvc {
             Some(gid_arg("requester_gid", &req.requester_gid)?)
         };
         let st = &self.0;
-        let now = st.now_sec();
+        let now = st.liveness_now_sec();
         let idx = st.registry.index();
         if !req.agent_id.is_empty() && idx.agent(&req.agent_id).is_none() {
             return Err(Status::not_found(format!(
@@ -621,7 +644,7 @@ impl OperatorService for OperatorSvc {
     ) -> Result<Response<ListRnicsResponse>, Status> {
         let req = request.into_inner();
         let st = &self.0;
-        let now = st.now_sec();
+        let now = st.liveness_now_sec();
         let idx = st.registry.index();
         let to_status = |r: &RnicRecord| RnicStatus {
             rnic: Some(RnicInfo {

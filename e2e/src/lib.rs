@@ -21,6 +21,7 @@ use rpingmesh_proto::operator::operator_service_client::OperatorServiceClient;
 use rpingmesh_proto::operator::{ListPathsRequest, ListRnicsRequest, RnicStatus};
 use tonic::transport::Channel;
 
+pub mod soak;
 pub mod vm;
 
 pub const CONTROLLER_BIN: &str = "rpingmesh-controller";
@@ -103,6 +104,18 @@ impl Proc {
         program: &Path,
         args: &[String],
     ) -> Result<Proc> {
+        Self::spawn_env(dir, name, netns, program, args, &[])
+    }
+
+    /// As [`Proc::spawn`], with extra environment variables.
+    pub fn spawn_env(
+        dir: &Path,
+        name: &str,
+        netns: Option<&str>,
+        program: &Path,
+        args: &[String],
+        env: &[(&str, &str)],
+    ) -> Result<Proc> {
         let stdout_path = dir.join(format!("{name}.stdout"));
         let stderr_path = dir.join(format!("{name}.stderr"));
         let mut cmd = match netns {
@@ -114,6 +127,7 @@ impl Proc {
             None => Command::new(program),
         };
         cmd.args(args)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(File::create(&stdout_path)?)
             .stderr(File::create(&stderr_path)?);
@@ -139,7 +153,7 @@ impl Proc {
         self.poll_exit().is_none()
     }
 
-    fn poll_exit(&mut self) -> Option<ExitStatus> {
+    pub fn poll_exit(&mut self) -> Option<ExitStatus> {
         if self.exited.is_none() {
             if let Ok(Some(st)) = self.child.try_wait() {
                 self.exited = Some(st);
@@ -270,14 +284,16 @@ pub fn spawn_controller(
     listen: &str,
     extra: &[&str],
 ) -> Result<Controller> {
-    let mut args: Vec<String> = vec![
-        "--listen-addr".into(),
-        listen.into(),
-        "--database-uri".into(),
-        "sqlite::memory:".into(),
-        "--log-level".into(),
-        "info".into(),
-    ];
+    let mut args: Vec<String> = vec!["--listen-addr".into(), listen.into()];
+    // Defaults unless `extra` names them.
+    for (flag, default) in [
+        ("--database-uri", "sqlite::memory:"),
+        ("--log-level", "info"),
+    ] {
+        if !extra.contains(&flag) {
+            args.extend([flag.to_string(), default.to_string()]);
+        }
+    }
     args.extend(extra.iter().map(|s| s.to_string()));
     let mut proc = Proc::spawn(dir, name, netns, &bin(CONTROLLER_BIN), &args)?;
     let deadline = Instant::now() + Duration::from_secs(20);

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use rpingmesh_e2e::soak::{self, SoakReport};
 use rpingmesh_proto::operator::{ListPathsRequest, ListRnicsRequest};
 use serde_json::{Map, Value};
 
@@ -21,6 +22,9 @@ pub struct BenchArgs {
     /// One short run of everything (smoke test of the benches) instead of repeated runs.
     #[arg(long)]
     quick: bool,
+    /// Length of the restart-and-fault soak, in seconds (quick mode: one cycle).
+    #[arg(long, default_value_t = 600)]
+    soak_sec: u64,
 }
 
 const TARGETS: usize = 64;
@@ -94,7 +98,25 @@ pub fn run(a: BenchArgs) -> Result<()> {
         failures.push(format!("footprint: {e:#}"));
     }
 
-    let md = render_markdown(a.quick, runs, &sections, &footprint);
+    // Last: the soak runs processes in namespaces for minutes.
+    let soak_len = if a.quick { 64 } else { a.soak_sec };
+    let soak = crate::soak::measure(Duration::from_secs(soak_len));
+    match &soak {
+        Ok(r) => {
+            let missed = r.target_failures();
+            if !missed.is_empty() {
+                failures.push(format!("soak: {}", missed.join("; ")));
+            }
+        }
+        Err(e) => {
+            eprintln!("xtask bench: soak: {e:#}");
+            if is_root() {
+                failures.push(format!("soak: {e:#}"));
+            }
+        }
+    }
+
+    let md = render_markdown(a.quick, runs, &sections, &footprint, &soak);
     let path = crate::root().join("BENCHMARKS.md");
     std::fs::write(&path, &md).with_context(|| format!("writing {}", path.display()))?;
     println!("{md}");
@@ -563,6 +585,7 @@ fn render_markdown(
     runs: usize,
     sections: &[(&str, Result<Vec<Line>>)],
     footprint: &Result<Vec<Footprint>>,
+    soak: &Result<SoakReport>,
 ) -> String {
     let mut s = String::from("# Benchmarks\n\n");
     let _ = writeln!(
@@ -580,7 +603,7 @@ fn render_markdown(
         }
     );
 
-    s += &summary_table(sections, footprint);
+    s += &summary_table(sections, footprint, soak);
     s += "## Agent footprint: 64 targets at 10 probes/s each over udp (loopback)\n\n";
     s += "A responder-only agent hosts 64 pseudo-RNICs (127.0.2.1-64, ToR t1); the measured \
           agent (127.0.3.1, ToR t1, probe interval 100 ms, ToR-mesh rate 10/s) probes all \
@@ -666,6 +689,28 @@ fn render_markdown(
         }
         s += "\n";
     }
+    s += "## Restart-and-fault soak (`cargo xtask soak`)\n\n";
+    s += "A controller (SQLite file) and 4 agents over udp, each in its own network namespace \
+          on one bridge, probing their ToR mesh at 10 probes/s per path, time-compressed \
+          (active threshold 4 s, stale 8 s, pinglist refresh and analysis window 2 s). A 60 s \
+          fault cycle repeats: controller restarted (s 8), controller down 6 s, past the \
+          active threshold (s 16), an agent restarted (s 28), the controller frozen 5 s with \
+          SIGSTOP, its RPCs hanging and the agents' reports backing up (s 36), an agent's \
+          namespace cut off 6 s by an nftables drop (s 44), and in the first cycle an agent \
+          killed with -9 for good (s 55). The controller restarts happen in the first and the \
+          last cycle, so one controller process lives through the middle. Windows expected: \
+          every ordered pair of agents both running a window before and through it, neither \
+          cut off near it, the killed agent's last windows aside; convergence: from the \
+          fault's end until every live agent's latest successful pinglist refresh holds \
+          exactly the other live agents. RSS at 5 s after each process's start and just \
+          before its end.\n\n";
+    match soak {
+        Ok(r) => s += &r.markdown(),
+        Err(e) => {
+            let _ = writeln!(s, "**Not run:** {e:#}");
+        }
+    }
+    s += "\n";
     s
 }
 
@@ -739,6 +784,7 @@ pub fn target_checks(lines: &[Line]) -> Vec<Check> {
 fn summary_table(
     sections: &[(&str, Result<Vec<Line>>)],
     footprint: &Result<Vec<Footprint>>,
+    soak: &Result<SoakReport>,
 ) -> String {
     let mut rows: Vec<Check> = Vec::new();
     if let Ok(runs) = footprint {
@@ -765,6 +811,9 @@ fn summary_table(
         if let Ok(lines) = res {
             rows.extend(target_checks(lines));
         }
+    }
+    if let Ok(r) = soak {
+        rows.extend(soak_checks(r));
     }
     let mut s = String::from("## Summary against the targets\n\n| what | measured | target | ratio to target | |\n|---|---|---|---|---|\n");
     for (what, m, t, r, ok) in &rows {
@@ -811,6 +860,45 @@ fn verdict(ok: bool) -> &'static str {
     } else {
         "MISSES target"
     }
+}
+
+/// The soak's targets as summary rows.
+fn soak_checks(r: &SoakReport) -> Vec<Check> {
+    let mut rows = Vec::new();
+    let lost = r.windows_lost.len();
+    rows.push((
+        format!(
+            "soak {:.0} s: windows lost of {} expected",
+            r.duration_sec, r.windows_expected
+        ),
+        lost.to_string(),
+        "0".into(),
+        lost as f64,
+        lost == 0,
+    ));
+    let bound = (soak::REFRESH_SEC + 1) as f64;
+    let worst = r
+        .restart_convergence()
+        .iter()
+        .map(|(_, c)| c.unwrap_or(f64::INFINITY))
+        .fold(0.0, f64::max);
+    rows.push((
+        "soak: pinglist convergence after restarts, max".into(),
+        format!("{worst:.2} s"),
+        format!("<= {bound} s (one refresh + 1 s)"),
+        worst / bound,
+        worst <= bound,
+    ));
+    if let Some(g) = r.max_rss_growth_pct(r.duration_sec / 2.0) {
+        rows.push((
+            "soak: RSS growth, processes that ran half the soak or more".into(),
+            format!("{g:+.1}%"),
+            format!("< {}%", soak::RSS_GROWTH_TARGET_PCT),
+            g / soak::RSS_GROWTH_TARGET_PCT,
+            g < soak::RSS_GROWTH_TARGET_PCT,
+        ));
+    }
+    rows
 }
 
 #[cfg(test)]

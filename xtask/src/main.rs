@@ -1,9 +1,10 @@
-//! Project automation: `cargo xtask <deps|test|demo|bench>`.
+//! Project automation: `cargo xtask <deps|test|demo|bench|soak|...>`.
 
 mod bench;
 mod build_ebpf;
 mod demo;
 mod procs;
+mod soak;
 mod vm;
 
 use std::path::{Path, PathBuf};
@@ -37,6 +38,10 @@ enum Cmd {
     /// The soft-RoCE VM tier alone: install qemu, a Debian kernel and virtme-ng, build,
     /// and run e2e/tests/vm_rdma.rs (one guest, every scenario). Part of `test` too.
     VmTest,
+    /// The restart-and-fault soak (root): controller restarts and outages, agent
+    /// restarts, kills and cut-offs, time-compressed; prints windows lost, convergence
+    /// and RSS, and fails on a missed target.
+    Soak(soak::SoakArgs),
 }
 
 fn main() -> ExitCode {
@@ -49,6 +54,7 @@ fn main() -> ExitCode {
         Cmd::BuildEbpf => build_ebpf::build_ebpf(&root()).map(|obj| println!("{}", obj.display())),
         Cmd::HwCheck => hw_check(),
         Cmd::VmTest => vm::vm_test(),
+        Cmd::Soak(a) => soak::run(a),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

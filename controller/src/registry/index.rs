@@ -138,6 +138,17 @@ impl RegistryIndex {
         }
     }
 
+    /// Same semantics as [`super::Registry::excuse_all`].
+    pub fn excuse_all(&mut self, by: u64, now: u64) {
+        let excused = |t: u64| t.max(t.saturating_add(by).min(now));
+        for a in self.agents.values_mut() {
+            a.info.last_updated = excused(a.info.last_updated);
+        }
+        for r in self.rnics.values_mut() {
+            r.last_updated = excused(r.last_updated);
+        }
+    }
+
     pub fn touch(&mut self, agent_id: &str, now: u64) -> usize {
         let Some(a) = self.agents.get_mut(agent_id) else {
             return 0;

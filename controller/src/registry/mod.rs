@@ -62,8 +62,9 @@ pub trait Registry: Send {
     /// Deletes RNICs not updated for more than `stale_after` seconds (and agents left
     /// without RNICs); returns the number of RNICs removed.
     fn remove_stale(&mut self, now: u64, stale_after: u64) -> Result<usize, RegistryError>;
-    /// Refreshes every agent and RNIC to `now` (see [`IndexedRegistry::grace`]).
-    fn touch_all(&mut self, now: u64) -> Result<usize, RegistryError>;
+    /// Moves every agent's and RNIC's `last_updated` forward by `by` seconds, never
+    /// past `now` and never back (see [`IndexedRegistry::excuse`]); returns the RNICs.
+    fn excuse_all(&mut self, by: u64, now: u64) -> Result<usize, RegistryError>;
 }
 
 /// Opens the store selected by `database_uri`.
@@ -124,23 +125,20 @@ impl IndexedRegistry {
         Ok(n)
     }
 
-    /// At controller start: every registered RNIC counts as refreshed now. While the
-    /// controller was down nobody could heartbeat, so the stored times say nothing about
-    /// who is alive; without this grace a controller down for longer than the active
-    /// threshold would hand out empty pinglists (or purge everyone) until each agent's
-    /// next heartbeat. A really dead RNIC goes inactive one active threshold later.
-    pub fn grace(&self, now: u64) -> Result<usize, RegistryError> {
+    /// The controller did not watch for `by` seconds (it was down, stopped or stalled):
+    /// nobody could heartbeat to it, so that time does not count against anyone's
+    /// liveness. Every `last_updated` moves forward by `by`, at most to `now`; at start
+    /// (`by` = `u64::MAX`) everyone counts as refreshed now. Without this, a controller
+    /// down or frozen for longer than the active threshold would hand out empty
+    /// pinglists (or purge everyone) until each agent's next heartbeat arrived. A really
+    /// dead RNIC still goes inactive after one active threshold of watching.
+    pub fn excuse(&self, by: u64, now: u64) -> Result<usize, RegistryError> {
         let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
-        let n = store.touch_all(now)?;
-        let mut idx = self.index.write().unwrap_or_else(|e| e.into_inner());
-        let agents: Vec<String> = idx
-            .agents()
-            .filter(|a| a.last_updated < now)
-            .map(|a| a.agent_id.clone())
-            .collect();
-        for a in agents {
-            idx.touch(&a, now);
-        }
+        let n = store.excuse_all(by, now)?;
+        self.index
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .excuse_all(by, now);
         Ok(n)
     }
 
@@ -303,6 +301,38 @@ mod tests {
     }
 
     #[test]
+    fn a_stall_is_excused_by_its_length_in_store_and_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("reg.db");
+        let reg = IndexedRegistry::new(Box::new(SqliteRegistry::open(&path).unwrap())).unwrap();
+        reg.register_agent(&agent("a", "t1"), &[rnic("fd00::1", "t1")], 100)
+            .unwrap();
+        reg.register_agent(&agent("b", "t1"), &[rnic("fd00::2", "t1")], 195)
+            .unwrap();
+        // The controller did not run for 8 s; it is 200 now.
+        assert_eq!(reg.excuse(8, 200).unwrap(), 2);
+        let at = |reg: &IndexedRegistry, g: &str| {
+            let g = rpingmesh_proto::gid::normalize_gid(g).unwrap();
+            reg.index().rnic(&g).unwrap().last_updated
+        };
+        assert_eq!(
+            (at(&reg, "fd00::1"), at(&reg, "fd00::2")),
+            (108, 200),
+            "capped at now"
+        );
+        assert_eq!(reg.index().agent("a").unwrap().last_updated, 108);
+        reg.index().check();
+        drop(reg);
+        let reg = IndexedRegistry::new(Box::new(SqliteRegistry::open(&path).unwrap())).unwrap();
+        assert_eq!(
+            (at(&reg, "fd00::1"), at(&reg, "fd00::2")),
+            (108, 200),
+            "the store agrees"
+        );
+        assert_eq!(reg.index().agent("a").unwrap().last_updated, 108);
+    }
+
+    #[test]
     fn grace_at_start_refreshes_everyone_in_store_and_index() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("reg.db");
@@ -314,7 +344,7 @@ mod tests {
         drop(reg);
         // Restarted at 2000, long after "old" was last heard of.
         let reg = IndexedRegistry::new(Box::new(SqliteRegistry::open(&path).unwrap())).unwrap();
-        assert_eq!(reg.grace(2000).unwrap(), 2);
+        assert_eq!(reg.excuse(u64::MAX, 2000).unwrap(), 2);
         let at = |g: &str| {
             let g = rpingmesh_proto::gid::normalize_gid(g).unwrap();
             reg.index().rnic(&g).unwrap().last_updated

@@ -191,13 +191,21 @@ impl Registry for SqliteRegistry {
         Ok(n)
     }
 
-    fn touch_all(&mut self, now: u64) -> Result<usize, RegistryError> {
+    fn excuse_all(&mut self, by: u64, now: u64) -> Result<usize, RegistryError> {
         let tx = self.conn.transaction()?;
-        tx.prepare_cached("UPDATE agents SET last_updated_epoch = max(last_updated_epoch, ?1)")?
-            .execute(params![epoch(now)])?;
+        // `by` is capped at `now` so the sum stays in range.
+        let (by, now) = (epoch(by.min(now)), epoch(now));
+        tx.prepare_cached(
+            "UPDATE agents SET last_updated_epoch = \
+             max(last_updated_epoch, min(last_updated_epoch + ?1, ?2))",
+        )?
+        .execute(params![by, now])?;
         let n = tx
-            .prepare_cached("UPDATE rnics SET last_updated_epoch = max(last_updated_epoch, ?1)")?
-            .execute(params![epoch(now)])?;
+            .prepare_cached(
+                "UPDATE rnics SET last_updated_epoch = \
+                 max(last_updated_epoch, min(last_updated_epoch + ?1, ?2))",
+            )?
+            .execute(params![by, now])?;
         tx.commit()?;
         Ok(n)
     }
