@@ -77,6 +77,9 @@ pub struct EventReport {
 pub struct RssReport {
     pub process: String,
     pub start_kib: u64,
+    /// One fault cycle after start, when the controller's analyzer retention (20
+    /// windows per path) and every cache are full; 0 if the process ended before.
+    pub warm_kib: u64,
     pub end_kib: u64,
     pub lived_sec: f64,
 }
@@ -149,12 +152,13 @@ impl SoakReport {
         out
     }
 
-    /// Largest RSS growth, in percent, of processes that lived at least `min_sec`.
+    /// Largest RSS growth from warm to end, in percent, of processes that lived at
+    /// least `min_sec` (what a leak shows as; warm-up is the start-to-warm column).
     pub fn max_rss_growth_pct(&self, min_sec: f64) -> Option<f64> {
         self.rss
             .iter()
-            .filter(|r| r.lived_sec >= min_sec && r.start_kib > 0)
-            .map(|r| (r.end_kib as f64 - r.start_kib as f64) * 100.0 / r.start_kib as f64)
+            .filter(|r| r.lived_sec >= min_sec && r.warm_kib > 0)
+            .map(|r| (r.end_kib as f64 - r.warm_kib as f64) * 100.0 / r.warm_kib as f64)
             .max_by(|a, b| a.total_cmp(b))
     }
 
@@ -190,7 +194,7 @@ impl SoakReport {
         );
         if let Some(g) = self.max_rss_growth_pct(self.duration_sec / 2.0) {
             s += &format!(
-                "| RSS growth, largest of the processes that ran at least half the soak | {g:+.1}% |\n"
+                "| RSS growth from 60 s to end, largest of the processes that ran at least half the soak | {g:+.1}% |\n"
             );
         }
         s += &format!(
@@ -207,11 +211,30 @@ impl SoakReport {
                     .map_or("-".into(), |c| format!("{c:.2} s"))
             );
         }
-        s += "\n| process | RSS start | RSS end | lived |\n|---|---|---|---|\n";
+        s += "\n| process | lived | RSS at 5 s | RSS at 60 s | RSS at end | growth 60 s to end |\n|---|---|---|---|---|---|\n";
+        let kib = |k: u64| {
+            if k > 0 {
+                format!("{k} KiB")
+            } else {
+                "-".into()
+            }
+        };
         for r in &self.rss {
+            let growth = if r.warm_kib > 0 {
+                format!(
+                    "{:+.1}%",
+                    (r.end_kib as f64 - r.warm_kib as f64) * 100.0 / r.warm_kib as f64
+                )
+            } else {
+                "-".into()
+            };
             s += &format!(
-                "| {} | {} KiB | {} KiB | {:.0} s |\n",
-                r.process, r.start_kib, r.end_kib, r.lived_sec
+                "| {} | {:.0} s | {} | {} | {} | {growth} |\n",
+                r.process,
+                r.lived_sec,
+                kib(r.start_kib),
+                kib(r.warm_kib),
+                kib(r.end_kib)
             );
         }
         s
@@ -275,14 +298,43 @@ struct AgentSlot {
     cut: Vec<(u64, u64)>,
 }
 
-/// One agent process: when it ran (unix ns), whether it was killed with -9, its RSS
-/// (KiB) 5 s after start and just before its end.
+/// RSS samples of one process, KiB: 5 s and one cycle after its start, just before its end.
+#[derive(Default)]
+struct RssSamples {
+    start: Option<u64>,
+    warm: Option<u64>,
+    end: Option<u64>,
+}
+
+impl RssSamples {
+    /// Takes the samples that are due at `age` ns after start.
+    fn sample(&mut self, age: u64, pid: u32) {
+        if self.start.is_none() && age > 5_000_000_000 {
+            self.start = rss_kib(pid);
+        }
+        if self.warm.is_none() && age > CYCLE.as_nanos() as u64 {
+            self.warm = rss_kib(pid);
+        }
+    }
+
+    fn report(&self, process: String, lived_ns: u64) -> RssReport {
+        RssReport {
+            process,
+            start_kib: self.start.unwrap_or(0),
+            warm_kib: self.warm.unwrap_or(0),
+            end_kib: self.end.unwrap_or(0),
+            lived_sec: lived_ns as f64 / 1e9,
+        }
+    }
+}
+
+/// One agent process: when it ran (unix ns), whether it was killed with -9, its RSS.
 struct Life {
     proc: Proc,
     start: u64,
     end: Option<u64>,
     killed: bool,
-    rss: (Option<u64>, Option<u64>),
+    rss: RssSamples,
 }
 
 /// One controller process (as [`Life`]).
@@ -290,7 +342,7 @@ struct CtlLife {
     name: String,
     start: u64,
     end: Option<u64>,
-    rss: (Option<u64>, Option<u64>),
+    rss: RssSamples,
 }
 
 impl Life {
@@ -363,7 +415,7 @@ impl Fleet {
             name,
             start: unix_ns_now(),
             end: None,
-            rss: (None, None),
+            rss: RssSamples::default(),
         });
         self.ctl = Some(c);
         Ok(())
@@ -375,7 +427,7 @@ impl Fleet {
             c.proc.stop();
             if let Some(l) = self.ctl_lives.last_mut() {
                 l.end = Some(unix_ns_now());
-                l.rss.1 = rss;
+                l.rss.end = rss;
             }
         }
     }
@@ -404,7 +456,7 @@ impl Fleet {
             start: unix_ns_now(),
             end: None,
             killed: false,
-            rss: (None, None),
+            rss: RssSamples::default(),
         });
         Ok(())
     }
@@ -413,7 +465,7 @@ impl Fleet {
         let slot = &mut self.agents[i];
         if let Some(l) = slot.lives.last_mut() {
             if l.end.is_none() {
-                l.rss.1 = rss_kib(l.proc.pid());
+                l.rss.end = rss_kib(l.proc.pid());
                 if sig == libc::SIGKILL {
                     l.proc.signal(libc::SIGKILL);
                     l.proc.wait_exit(Duration::from_secs(5));
@@ -447,20 +499,18 @@ impl Fleet {
         }
     }
 
-    /// Samples the RSS of processes started at least 5 s ago and not sampled yet.
-    fn sample_rss_starts(&mut self) {
+    /// Takes the RSS samples that are due (5 s and one cycle after each start).
+    fn sample_rss(&mut self) {
         let now = unix_ns_now();
         for slot in &mut self.agents {
             for l in &mut slot.lives {
-                if l.end.is_none() && l.rss.0.is_none() && now - l.start > 5_000_000_000 {
-                    l.rss.0 = rss_kib(l.proc.pid());
+                if l.end.is_none() {
+                    l.rss.sample(now - l.start, l.proc.pid());
                 }
             }
         }
         if let (Some(c), Some(l)) = (&self.ctl, self.ctl_lives.last_mut()) {
-            if l.rss.0.is_none() && now - l.start > 5_000_000_000 {
-                l.rss.0 = rss_kib(c.proc.pid());
-            }
+            l.rss.sample(now - l.start, c.proc.pid());
         }
     }
 
@@ -473,7 +523,7 @@ impl Fleet {
 async fn pass(fleet: &mut Fleet, d: Duration) {
     let until = Instant::now() + d;
     while Instant::now() < until {
-        fleet.sample_rss_starts();
+        fleet.sample_rss();
         let step = until
             .saturating_duration_since(Instant::now())
             .min(Duration::from_secs(3));
@@ -629,21 +679,15 @@ pub async fn run(dir: &Path, duration: Duration) -> Result<SoakReport> {
     let mut rss = Vec::new();
     for slot in &fleet.agents {
         for (k, l) in slot.lives.iter().enumerate() {
-            rss.push(RssReport {
-                process: format!("{}#{}", slot.id, k + 1),
-                start_kib: l.rss.0.unwrap_or(0),
-                end_kib: l.rss.1.unwrap_or(0),
-                lived_sec: (l.end.unwrap_or(end_ns) - l.start) as f64 / 1e9,
-            });
+            let name = format!("{}#{}", slot.id, k + 1);
+            rss.push(l.rss.report(name, l.end.unwrap_or(end_ns) - l.start));
         }
     }
     for l in &fleet.ctl_lives {
-        rss.push(RssReport {
-            process: l.name.clone(),
-            start_kib: l.rss.0.unwrap_or(0),
-            end_kib: l.rss.1.unwrap_or(0),
-            lived_sec: (l.end.unwrap_or(end_ns) - l.start) as f64 / 1e9,
-        });
+        rss.push(
+            l.rss
+                .report(l.name.clone(), l.end.unwrap_or(end_ns) - l.start),
+        );
     }
     Ok(analyze(&fleet, t0, end_ns, &events, rss))
 }
