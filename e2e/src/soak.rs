@@ -97,6 +97,9 @@ pub struct SoakReport {
     pub rss: Vec<RssReport>,
     /// Warnings of agents about dropped reports (must be none).
     pub report_drops: Vec<String>,
+    /// The largest report backlog an agent delivered after an outage (summaries that
+    /// waited in its outbox: the back-pressure the faults put on reporting).
+    pub max_report_backlog: u64,
 }
 
 impl SoakReport {
@@ -197,6 +200,10 @@ impl SoakReport {
                 "| RSS growth from 60 s to end, largest of the processes that ran at least half the soak | {g:+.1}% |\n"
             );
         }
+        s += &format!(
+            "| largest report backlog delivered after an outage | {} summaries |\n",
+            self.max_report_backlog
+        );
         s += &format!(
             "| report drops logged by agents | {} |\n\n",
             self.report_drops.len()
@@ -792,6 +799,19 @@ fn analyze(
                 .collect::<Vec<_>>()
         })
         .collect();
+    let max_report_backlog = fleet
+        .agents
+        .iter()
+        .flat_map(|a| {
+            a.log()
+                .lines()
+                .filter(|l| l.contains("PathSummary reports accepted again"))
+                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                .filter_map(|v| v["fields"]["queued"].as_u64())
+                .collect::<Vec<_>>()
+        })
+        .max()
+        .unwrap_or(0);
     SoakReport {
         duration_sec: (end_ns - t0) as f64 / 1e9,
         events: reports,
@@ -802,6 +822,7 @@ fn analyze(
         windows_lost: lost,
         rss,
         report_drops,
+        max_report_backlog,
     }
 }
 
