@@ -94,10 +94,6 @@ pub struct RunningAgent {
     monitors: Vec<JoinHandle<()>>,
     reporter: Option<JoinHandle<()>>,
     flow_reporter: Option<JoinHandle<()>>,
-    /// The running service tracer (None: tracing off, the reason was logged). Weak: the
-    /// flow reporter owns it, and it is detached when the reporter ends (e.g. a
-    /// controller without service paths).
-    pub tracer: Option<std::sync::Weak<rpingmesh_service_tracer::ServiceTracer>>,
     pub stats: Vec<Arc<DriverStats>>,
     pub registrar: Arc<Registrar>,
     /// The probe-rate multiplier every driver follows (Some when self_protection_enabled):
@@ -147,24 +143,33 @@ pub fn start<R: Into<OpenedRnic>>(
             (r.device_name.clone(), d)
         })
         .collect();
-    let tracer = service::start_tracer(cfg, devices);
     let (kick_tx, kick_rx) = watch::channel(0u64);
-    let tracer_handle = tracer.as_ref().map(Arc::downgrade);
-    let flow_reporter = tracer.map(|t| {
-        tokio::spawn(service::run_flow_reporter(
-            t,
-            client.clone(),
-            registrar.clone(),
-            FlowReporterParams {
-                agent_id: cfg.agent_id.clone(),
-                interval: Duration::from_millis(cfg.service_flow_report_interval_ms),
-                names: ServiceNames::new(cfg.service_names.clone()),
-            },
-            metrics.clone(),
-            kick_tx,
-            shutdown_tx.subscribe(),
-        ))
-    });
+    // Loading the eBPF programs parses the kernel's BTF and takes from a fraction of a
+    // second to many (a slow or loaded host): probing and registration never wait for it.
+    let flow_reporter = if cfg.service_tracing_mode == ServiceTracingMode::Off {
+        tracing::info!("service tracing off (service_tracing_mode: off)");
+        None
+    } else {
+        let tracer_cfg = cfg.clone();
+        let (client, registrar, metrics) = (client.clone(), registrar.clone(), metrics.clone());
+        let params = FlowReporterParams {
+            agent_id: cfg.agent_id.clone(),
+            interval: Duration::from_millis(cfg.service_flow_report_interval_ms),
+            names: ServiceNames::new(cfg.service_names.clone()),
+        };
+        let shutdown = shutdown_tx.subscribe();
+        Some(tokio::spawn(async move {
+            let started =
+                tokio::task::spawn_blocking(move || service::start_tracer(&tracer_cfg, devices))
+                    .await;
+            if let Ok(Some(tracer)) = started {
+                service::run_flow_reporter(
+                    tracer, client, registrar, params, metrics, kick_tx, shutdown,
+                )
+                .await;
+            }
+        }))
+    };
 
     let mut base_params = DriverParams::from_config(cfg, seq_epoch);
     let rate_multiplier = cfg.self_protection_enabled.then(SharedMultiplier::default);
@@ -232,7 +237,6 @@ pub fn start<R: Into<OpenedRnic>>(
         monitors,
         reporter,
         flow_reporter,
-        tracer: tracer_handle,
         stats,
         registrar,
         rate_multiplier,

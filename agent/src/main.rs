@@ -29,7 +29,10 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    rt.block_on(run(cfg))
+    let code = rt.block_on(run(cfg));
+    // A blocking task still at work (an eBPF load, `rdma res show`) must not hold the exit.
+    rt.shutdown_timeout(Duration::from_secs(1));
+    code
 }
 
 async fn run(cfg: AgentConfig) -> ExitCode {

@@ -362,14 +362,15 @@ pub fn tracer_config(cfg: &AgentConfig) -> TracerConfig {
     }
 }
 
-/// Starts the tracer (inside a tokio runtime). `None` after logging exactly one line
-/// saying why tracing is off; probing goes on either way.
+/// Starts the tracer (in the runtime's context; it blocks for the eBPF load, so the
+/// agent calls it on a blocking thread). `None` when the mode is off (the caller says
+/// so) or after logging exactly one line saying why tracing is off; probing goes on
+/// either way.
 pub fn start_tracer(
     cfg: &AgentConfig,
     devices: HashMap<String, LocalDevice>,
 ) -> Option<Arc<ServiceTracer>> {
     if cfg.service_tracing_mode == ServiceTracingMode::Off {
-        tracing::info!("service tracing off (service_tracing_mode: off)");
         return None;
     }
     let resolver = Arc::new(AgentGidResolver::new(devices));

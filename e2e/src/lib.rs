@@ -25,6 +25,8 @@ pub mod soak;
 pub mod vm;
 
 pub const CONTROLLER_BIN: &str = "rpingmesh-controller";
+/// How long `spawn_controller` waits for the "controller listening" line.
+pub const CONTROLLER_START_TIMEOUT: Duration = Duration::from_secs(90);
 pub const AGENT_BIN: &str = "rpingmesh-agent";
 /// The probe port every agent binds (the Go version's default).
 pub const PROBE_PORT: u16 = 18515;
@@ -194,16 +196,29 @@ impl Proc {
 
     /// Stops the process: SIGTERM, up to 3 s grace, then SIGKILL.
     pub fn stop(&mut self) {
-        if self.poll_exit().is_some() {
-            return;
+        Self::stop_all([self]);
+    }
+
+    /// SIGTERM to every process at once, then waits for each (10 s in all, then
+    /// SIGKILL). Agents stopped one after the other would each probe the ones already
+    /// gone, and on a slow machine count those probes lost.
+    pub fn stop_all<'a>(procs: impl IntoIterator<Item = &'a mut Proc>) {
+        let mut running: Vec<&mut Proc> = procs
+            .into_iter()
+            .filter_map(|p| p.poll_exit().is_none().then_some(p))
+            .collect();
+        for p in &running {
+            // SAFETY: signalling our own child, which has not been reaped yet.
+            unsafe { libc::kill(p.child.id() as libc::pid_t, libc::SIGTERM) };
         }
-        let pid = self.child.id() as libc::pid_t;
-        // SAFETY: signalling our own child, which has not been reaped yet.
-        unsafe { libc::kill(pid, libc::SIGTERM) };
-        if self.wait_exit(Duration::from_secs(3)).is_none() {
-            let _ = self.child.kill();
-            if let Ok(st) = self.child.wait() {
-                self.exited = Some(st);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for p in &mut running {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if p.wait_exit(left).is_none() {
+                let _ = p.child.kill();
+                if let Ok(st) = p.child.wait() {
+                    p.exited = Some(st);
+                }
             }
         }
     }
@@ -296,7 +311,8 @@ pub fn spawn_controller(
     }
     args.extend(extra.iter().map(|s| s.to_string()));
     let mut proc = Proc::spawn(dir, name, netns, &bin(CONTROLLER_BIN), &args)?;
-    let deadline = Instant::now() + Duration::from_secs(20);
+    // Generous: a debug build paged in over 9p by a TCG guest on a loaded host starts slowly.
+    let deadline = Instant::now() + CONTROLLER_START_TIMEOUT;
     loop {
         if let Some(addr) = listening_addr(&proc.stderr()) {
             return Ok(Controller { proc, addr });
@@ -309,7 +325,8 @@ pub fn spawn_controller(
         }
         if Instant::now() >= deadline {
             bail!(
-                "controller {name} logged no \"controller listening\" line within 20 s:\n{}",
+                "controller {name} logged no \"controller listening\" line within {} s:\n{}",
+                CONTROLLER_START_TIMEOUT.as_secs(),
                 tail_lines(&proc.stderr(), 20)
             );
         }

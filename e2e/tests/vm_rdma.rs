@@ -279,10 +279,9 @@ fn vm_ud_probes_carry_all_six_timestamps_with_small_software_error() {
     // wake-ups, as does each round trip of libibverbs' own event-driven UD ping-pong
     // between the same two GIDs. Both run back to back on the quiet guest; a poller that
     // slept (or read a timestamp late) would come out above the reference.
-    let median = |mut x: Vec<u64>| {
-        x.sort_unstable();
-        x[x.len() / 2]
-    };
+    // The best round of each: interference from the host (other jobs, TCG's vCPU
+    // threads) only ever adds, so the minimum is the stable estimate of both floors.
+    let best = |x: &[u64]| x.iter().copied().min().unwrap_or(0);
     let ours: Vec<u64> = v["endpoint_rtt"]
         .as_array()
         .expect("endpoint_rtt rounds")
@@ -303,14 +302,15 @@ fn vm_ud_probes_carry_all_six_timestamps_with_small_software_error() {
             (usec * 1000.0) as u64
         })
         .collect();
-    let (o, r) = (median(ours.clone()), median(reference.clone()));
+    let (o, r) = (best(&ours), best(&reference));
     eprintln!(
         "vm: endpoint network RTT p50 per round {ours:?} ns; ibv_ud_pingpong -e round trip \
-         per round {reference:?} ns; medians {o} vs {r} ({:.2}x)",
+         per round {reference:?} ns; best rounds {o} vs {r} ({:.2}x)",
         o as f64 / r as f64
     );
-    // Measured here: 1.1-1.4x (each round's spread is wider than that). A poller that
-    // slept up to 200 us before reading, as the first version did, adds that twice.
+    // Measured here: 1.0-1.4x on a quiet host, 1.16x with two CPU hogs beside the guest
+    // (whose medians then drift to 1.6x). A poller that slept up to 200 us before
+    // reading, as the first version did, adds that twice to every round.
     assert!(
         o * 10 <= r * 16,
         "network RTT p50 {o} ns exceeds 1.6x the event-driven ping-pong round trip \

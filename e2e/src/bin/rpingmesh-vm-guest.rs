@@ -360,9 +360,7 @@ async fn ud_probing(dir: &Path) -> Result<Value> {
     let res = res_qp();
 
     // Stopping flushes the open windows to the controllers.
-    for a in &mut agents {
-        a.stop();
-    }
+    Proc::stop_all(&mut agents);
     let mut windows = Vec::new();
     for ctl in [&ctl4, &ctl6] {
         let mut op = operator(&ctl.endpoint()).await?;
@@ -1113,9 +1111,7 @@ async fn service_tracing(dir: &Path, mode: &str) -> Result<Value> {
         v["qp_churn"] = r;
     }
 
-    for a in &mut agents {
-        a.stop();
-    }
+    Proc::stop_all(&mut agents);
     v["agent_logs"] = json!(agents
         .iter()
         .map(|a| {
