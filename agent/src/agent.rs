@@ -73,9 +73,19 @@ pub fn rdma_options(cfg: &AgentConfig, device: &str) -> RdmaOptions {
 pub fn open_rdma(cfg: &AgentConfig) -> Result<Vec<OpenedRnic>, VerbsError> {
     let devices = rdma::list_devices(&cfg.allowed_device_names)?;
     let mut out = Vec::with_capacity(devices.len());
+    let mut first_error = None;
     for dev in devices {
         let opts = rdma_options(cfg, &dev);
-        let ep = rdma::open_rdma_with(&opts)?;
+        // A device that cannot be opened (port down, no GID at gid_index) is skipped:
+        // the others still probe. Only when none opens does the agent stop.
+        let ep = match rdma::open_rdma_with(&opts) {
+            Ok(ep) => ep,
+            Err(e) => {
+                tracing::warn!("rdma device {dev} skipped: {e}");
+                first_error.get_or_insert(e);
+                continue;
+            }
+        };
         if let Some(w) = ep.gid_warning() {
             tracing::warn!(device = %dev, gid_index = opts.gid_index, "{w}");
         }
@@ -85,7 +95,10 @@ pub fn open_rdma(cfg: &AgentConfig) -> Result<Vec<OpenedRnic>, VerbsError> {
             reopen: Some(opts),
         });
     }
-    Ok(out)
+    match first_error {
+        Some(e) if out.is_empty() => Err(e),
+        _ => Ok(out),
+    }
 }
 
 pub struct RunningAgent {
@@ -180,13 +193,17 @@ pub fn start<R: Into<OpenedRnic>>(
     let mut stats = Vec::new();
     for (ep, rnic) in endpoints.into_iter().zip(&rnics) {
         let gid = rpingmesh_proto::gid::format_gid(&rnic.gid);
+        let tor = cfg.tor_of(&rnic.device_name).to_string();
         let (ptx, prx) = watch::channel(Arc::new(Pinglists::default()));
-        pending_monitors.push((gid.clone(), ptx));
+        pending_monitors.push((gid.clone(), tor.clone(), ptx));
         let driver_stats = Arc::new(DriverStats::default());
         stats.push(driver_stats.clone());
         drivers.push(tokio::spawn(supervise_rnic(
             ep,
-            base_params.clone(),
+            DriverParams {
+                source_tor: tor,
+                ..base_params.clone()
+            },
             metrics.clone(),
             driver_stats,
             DriverIo {
@@ -209,13 +226,13 @@ pub fn start<R: Into<OpenedRnic>>(
         "agent started"
     );
     // Monitors start after the "agent started" line so that a controller error follows it.
-    for (gid, ptx) in pending_monitors {
+    for (gid, tor, ptx) in pending_monitors {
         monitors.push(tokio::spawn(run_cluster_monitor(
             registrar.clone(),
             client.clone(),
             MonitorParams {
                 agent_id: cfg.agent_id.clone(),
-                tor_id: cfg.tor_id.clone(),
+                tor_id: tor,
                 requester_gid: gid,
                 update_interval: Duration::from_secs(cfg.pinglist_update_interval_sec),
                 // SERVICE lists exist for this agent only while it reports flows; with

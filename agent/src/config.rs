@@ -27,6 +27,7 @@ pub const KEYS: &[&str] = &[
     "service_level",
     "traffic_class",
     "allowed_device_names",
+    "device_tor_ids",
     "metrics_enabled",
     "otel_collector_addr",
     "analysis_report_enabled",
@@ -122,6 +123,9 @@ pub struct AgentConfig {
     pub traffic_class: i64,
     #[serde(deserialize_with = "string_list")]
     pub allowed_device_names: Vec<String>,
+    /// RDMA device -> ToR of that rail (rail-optimized fabrics); others use `tor_id`.
+    #[serde(deserialize_with = "string_map")]
+    pub device_tor_ids: std::collections::BTreeMap<String, String>,
     pub metrics_enabled: bool,
     #[serde(deserialize_with = "lenient_string")]
     pub otel_collector_addr: String,
@@ -187,6 +191,7 @@ impl Default for AgentConfig {
             service_level: 0,
             traffic_class: 0,
             allowed_device_names: Vec::new(),
+            device_tor_ids: std::collections::BTreeMap::new(),
             metrics_enabled: true,
             otel_collector_addr: "localhost:4317".into(),
             analysis_report_enabled: true,
@@ -283,6 +288,10 @@ pub struct CliArgs {
     #[arg(long, value_delimiter = ',')]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub allowed_device_names: Option<Vec<String>>,
+    /// `device=tor,device2=tor2`
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_tor_ids: Option<String>,
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub metrics_enabled: Option<bool>,
@@ -376,6 +385,13 @@ pub struct CliArgs {
 impl AgentConfig {
     /// Layers defaults < YAML file < `RPINGMESH_*` variables of `env` < CLI flags, then
     /// validates. `env` is passed in (not read from the process) so tests stay hermetic.
+    /// The ToR of the RNIC on `device`: its `device_tor_ids` entry, else `tor_id`.
+    pub fn tor_of(&self, device: &str) -> &str {
+        self.device_tor_ids
+            .get(device)
+            .map_or(self.tor_id.as_str(), String::as_str)
+    }
+
     pub fn load_from(cli: &CliArgs, env: &[(String, String)]) -> Result<Self, ConfigError> {
         let mut fig = Figment::from(Serialized::defaults(AgentConfig::default()));
         // Without --config, agent.yaml in ., $HOME/.rpingmesh, /etc/rpingmesh (as Go).
@@ -547,6 +563,13 @@ impl AgentConfig {
             if !Path::new(t).is_absolute() {
                 return Err(err(format!(
                     "service_tracing_uprobe_targets: {t:?} is not an absolute path"
+                )));
+            }
+        }
+        for (dev, tor) in &self.device_tor_ids {
+            if dev.trim().is_empty() || tor.trim().is_empty() {
+                return Err(err(format!(
+                    "device_tor_ids: entry {dev:?} -> {tor:?} needs a non-empty device name and ToR id"
                 )));
             }
         }

@@ -68,7 +68,7 @@ pub fn registration_request(cfg: &AgentConfig, rnics: &[LocalRnic]) -> AgentRegi
                 qpn: r.qpn,
                 ip_address: r.ip_address.clone(),
                 host_name: cfg.hostname.clone(),
-                tor_id: cfg.tor_id.clone(),
+                tor_id: cfg.tor_of(&r.device_name).to_string(),
                 device_name: r.device_name.clone(),
             })
             .collect(),

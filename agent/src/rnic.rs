@@ -205,8 +205,8 @@ pub fn fail_reason(result: &ProbeResult, send_failed: bool) -> Option<FailReason
 enum SendPurpose {
     /// Its completion is T2 of this sequence.
     Probe(u64),
-    /// Its completion is T4: the second ACK follows.
-    FirstAck(PendingId),
+    /// Its completion is T4: the second ACK follows, on the same flow label.
+    FirstAck(PendingId, u32),
 }
 
 struct TargetState {
@@ -350,6 +350,8 @@ struct State {
     label_epoch: u64,
     label_epoch_until_ns: u64,
     send_failed: HashSet<u64>,
+    /// Paths whose probes timed out this turn: the transport refreshes their handles.
+    lost_paths: Vec<(Endpoint, SendParams)>,
     aggregator: Option<PathAggregator<PathKey>>,
     metrics: Metrics,
     stats: Arc<DriverStats>,
@@ -373,6 +375,27 @@ pub enum DriverExit {
     /// The transport failed for good (rdma: QP in error state, device gone): the endpoint
     /// must be re-opened. Closed windows were flushed; open ones are dropped.
     TransportFailed(std::io::Error),
+}
+
+/// Lost paths remembered between two turns of the driver loop (more are not needed: a
+/// refresh per path and second is all the transport does with them).
+const MAX_LOST_PATHS: usize = 1024;
+
+/// Address handles the pinglists need: each target on each of its flow labels, twice
+/// (the targets probe us back, and our ACKs to them echo their labels).
+pub fn path_count(lists: &Pinglists) -> usize {
+    PinglistKind::ALL
+        .iter()
+        .flat_map(|k| lists.list(*k))
+        .map(|t| {
+            if t.kind == PinglistKind::Service {
+                1
+            } else {
+                t.flow_label_count.max(1) as usize
+            }
+        })
+        .sum::<usize>()
+        .saturating_mul(2)
 }
 
 /// A transport error that no retry on the same endpoint can fix.
@@ -409,6 +432,7 @@ impl RnicDriver {
             label_epoch: 0,
             label_epoch_until_ns: 0,
             send_failed: HashSet::new(),
+            lost_paths: Vec::new(),
             aggregator: params.analysis_window_ns.map(PathAggregator::new),
             metrics,
             stats: Arc::new(DriverStats::default()),
@@ -459,7 +483,7 @@ impl RnicDriver {
         state.reports = io.reports.clone();
         state.outcomes = io.outcomes.clone();
         let lists = io.pinglists.borrow_and_update().clone();
-        state.apply_pinglists(&lists, monotonic_ns());
+        state.apply_pinglists(&endpoint, &lists, monotonic_ns());
         let mut pinglists_open = true;
         // While events keep coming, the shutdown and pinglist watches are checked with an
         // atomic load per turn instead of being awaited: awaiting registers and drops a
@@ -491,7 +515,7 @@ impl RnicDriver {
                     Err(_) => pinglists_open = false, // the monitor is gone: keep the last lists
                     Ok(true) => {
                         let lists = io.pinglists.borrow_and_update().clone();
-                        state.apply_pinglists(&lists, monotonic_ns());
+                        state.apply_pinglists(&endpoint, &lists, monotonic_ns());
                     }
                     Ok(false) => {}
                 }
@@ -501,6 +525,9 @@ impl RnicDriver {
             state.send_due(&endpoint, now);
             if state.poll_timers(now) {
                 ring_dropped.export(&endpoint, &state.metrics);
+            }
+            for (to, params) in state.lost_paths.drain(..) {
+                endpoint.note_loss(&to, &params);
             }
             let mut deadline = state.next_deadline(now);
             let watch = !last_wake_io;
@@ -546,7 +573,7 @@ impl RnicDriver {
                 }
                 Wake::Pinglists(true) => {
                     let lists = io.pinglists.borrow_and_update().clone();
-                    state.apply_pinglists(&lists, monotonic_ns());
+                    state.apply_pinglists(&endpoint, &lists, monotonic_ns());
                 }
                 // The monitor is gone: keep probing the last lists.
                 Wake::Pinglists(false) => pinglists_open = false,
@@ -714,6 +741,7 @@ impl State {
                 len,
                 data,
                 rx_ts_ns,
+                flow_label,
             } => {
                 let pkt = match classify_datagram(len, &data) {
                     Ok(p) => p,
@@ -731,9 +759,13 @@ impl State {
                     MsgType::Probe => {
                         let (pending, ack) = self.responder.on_probe(from, &pkt, rx_ts_ns, now);
                         bump(&self.stats.probes_answered);
-                        match ep.send(&from, &self.ack_params(), &ack.encode()) {
+                        // The ACKs take the probe's path: its flow label where the
+                        // transport sees it (IPv6 GRH), as the Go responder does.
+                        let label = flow_label.unwrap_or(0);
+                        match ep.send(&from, &self.ack_params(label), &ack.encode()) {
                             Ok(sid) => {
-                                self.sends.insert(sid, SendPurpose::FirstAck(pending), now);
+                                self.sends
+                                    .insert(sid, SendPurpose::FirstAck(pending, label), now);
                                 self.awaiting_completion = true;
                             }
                             Err(e) => self.ack_send_failed(&e),
@@ -753,10 +785,12 @@ impl State {
                         self.finish(o);
                     }
                 }
-                Some(SendPurpose::FirstAck(pending)) => {
+                Some(SendPurpose::FirstAck(pending, label)) => {
                     if let Some((to, ack2)) = self.responder.on_first_ack_sent(pending, tx_ts_ns) {
                         // Nobody needs the second ACK's send time: no TX timestamp for it.
-                        if let Err(e) = ep.send_untimed(&to, &self.ack_params(), &ack2.encode()) {
+                        if let Err(e) =
+                            ep.send_untimed(&to, &self.ack_params(label), &ack2.encode())
+                        {
                             self.ack_send_failed(&e);
                         }
                     }
@@ -764,12 +798,23 @@ impl State {
                 // Second ACKs are not tracked: their completion means nothing to us.
                 None => {}
             },
+            // Accepted, never sent (rdma: no address handle for the peer).
+            TransportEvent::SendFailed { id } => match self.sends.remove(id) {
+                Some(SendPurpose::Probe(seq)) => {
+                    self.send_failed.insert(seq);
+                    bump(&self.stats.send_errors);
+                }
+                Some(SendPurpose::FirstAck(..)) => {
+                    self.ack_send_failed(&std::io::Error::other("first ACK was never sent"))
+                }
+                None => {}
+            },
         }
     }
 
-    fn ack_params(&self) -> SendParams {
+    fn ack_params(&self, flow_label: u32) -> SendParams {
         SendParams {
-            flow_label: 0,
+            flow_label,
             traffic_class: self.p.traffic_class,
             service_level: self.p.service_level,
         }
@@ -802,6 +847,16 @@ impl State {
                 bump(&self.stats.probe_failed);
                 self.metrics
                     .record_failure(&t.attrs, r.unwrap_or(FailReason::Timeout));
+                if r == Some(FailReason::Timeout) && self.lost_paths.len() < MAX_LOST_PATHS {
+                    self.lost_paths.push((
+                        t.endpoint,
+                        SendParams {
+                            flow_label: o.flow_label,
+                            traffic_class: t.traffic_class,
+                            service_level: t.service_level,
+                        },
+                    ));
+                }
             }
         }
         if let Some(agg) = &mut self.aggregator {
@@ -858,10 +913,12 @@ impl State {
     }
 
     /// Rebuilds the target table; targets that stay keep their id and flow-label position.
-    fn apply_pinglists(&mut self, lists: &Pinglists, now: u64) {
+    /// The transport makes room for every path of the new lists.
+    fn apply_pinglists(&mut self, ep: &Transport, lists: &Pinglists, now: u64) {
         if self.p.responder_only {
             return;
         }
+        ep.reserve_paths(path_count(lists));
         let mut keep: HashSet<TargetId> = HashSet::new();
         let mut by_kind: [Vec<TargetId>; 3] = [Vec::new(), Vec::new(), Vec::new()];
         for kind in PinglistKind::ALL {
@@ -1229,7 +1286,10 @@ mod tests {
             "udp0",
         )
         .unwrap();
-        let mut st = RnicDriver::new(ep, params, Metrics::disabled()).state;
+        let RnicDriver {
+            endpoint,
+            state: mut st,
+        } = RnicDriver::new(ep, params, Metrics::disabled());
         let target = |last: u8, kind| {
             let mut gid = [0u8; 16];
             gid[15] = last;
@@ -1240,7 +1300,7 @@ mod tests {
             inter_tor: vec![target(2, PinglistKind::InterTor)],
             service: vec![],
         };
-        st.apply_pinglists(&lists, 0);
+        st.apply_pinglists(&endpoint, &lists, 0);
         // Unthrottled: 20/s + 10/s over 10 s.
         let full = polls(&mut st.scheduler, 0, 10 * S);
         assert!((295..=305).contains(&full), "{full}");
@@ -1252,7 +1312,7 @@ mod tests {
         let half = polls(&mut st.scheduler, 10 * S, 20 * S);
         assert!((145..=155).contains(&half), "{half}");
         // New pinglists keep the multiplier in force.
-        st.apply_pinglists(&lists, 20 * S);
+        st.apply_pinglists(&endpoint, &lists, 20 * S);
         let still = polls(&mut st.scheduler, 20 * S, 30 * S);
         assert!((145..=155).contains(&still), "{still}");
         // Release restores the configured rates.

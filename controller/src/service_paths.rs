@@ -55,6 +55,8 @@ pub struct FlowRecord {
     pub local_qpn: u32,
     pub remote_gid: String,
     pub remote_qpn: u32,
+    /// The path's flow label: the service's, or for 0 the one the NIC derives from the
+    /// QPNs (`flowlabel::service_path_label`).
     pub flow_label: u32,
     pub traffic_class: u32,
     pub service_level: u32,
@@ -366,8 +368,11 @@ impl ServicePathTable {
                 local_qpn: key.1,
                 remote_gid,
                 remote_qpn,
-                // The IPv6 flow label is 20 bits; anything above is noise.
-                flow_label: flow_label & 0xF_FFFF,
+                // The path's label: the service's own, or for 0 the one the NIC derives
+                // from the QPNs, so SERVICE probes take the service's ECMP path.
+                flow_label: rpingmesh_protocol::flowlabel::service_path_label(
+                    flow_label, key.1, remote_qpn,
+                ),
                 traffic_class: traffic_class & 0xFF,
                 service_level: service_level & 0xF,
                 pid,
@@ -930,6 +935,34 @@ mod tests {
             .is_empty());
         // Another RNIC of nobody: nothing.
         assert!(t.pinglist(&idx, "a", &g("fd00::2"), T0, 300).is_empty());
+    }
+
+    #[test]
+    fn label_zero_services_are_probed_on_the_label_the_nic_derives() {
+        let idx = index(&[("a", "fd00::1", "t1"), ("b", "fd00::2", "t2")]);
+        let mut t = ServicePathTable::new(ServicePathParams::default());
+        // flow() pairs local QPN q with remote q + 1. Two QP pairs left at label 0 take
+        // two ECMP paths (the kernel derives each from its QPNs): two SERVICE targets.
+        t.apply(
+            "a",
+            &gids(&["fd00::1"]),
+            full(vec![
+                flow("fd00::1", 0x11, "fd00::2", 0, "nccl"),
+                flow("fd00::1", 0x21, "fd00::2", 0, "nccl"),
+            ]),
+            T0,
+        );
+        let mut labels: Vec<u32> = t
+            .pinglist(&idx, "a", &g("fd00::1"), T0, 300)
+            .iter()
+            .map(|p| p.flow_label)
+            .collect();
+        labels.sort_unstable();
+        let want = |l: u32, r: u32| rpingmesh_protocol::flowlabel::rc_flow_label(l, r);
+        let mut expect = vec![want(0x11, 0x12), want(0x21, 0x22)];
+        expect.sort_unstable();
+        assert_eq!(labels, expect);
+        assert_eq!(expect, vec![0x132, 0x462]);
     }
 
     #[test]

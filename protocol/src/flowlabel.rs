@@ -98,9 +98,64 @@ impl FlowLabelSet {
     }
 }
 
+/// The flow label a RoCE v2 NIC derives for a connected QP pair whose address vector
+/// left it 0: Linux's `rdma_calc_flow_label(lqpn, rqpn)` (include/rdma/ib_verbs.h),
+/// which mlx5 (`mlx5_set_path_udp_sport`), hns, irdma and rxe (`rxe_modify_qp`) turn into
+/// the RC QP's UDP source port. Symmetric in the two QPNs, so both ends agree.
+pub fn rc_flow_label(lqpn: u32, rqpn: u32) -> u32 {
+    let mut v = u64::from(lqpn) * u64::from(rqpn);
+    v ^= v >> 20;
+    v ^= v >> 40;
+    (v as u32) & FLOW_LABEL_MASK
+}
+
+/// RoCE v2's UDP source port for a flow label: `rdma_flow_label_to_udp_sport`.
+pub fn udp_sport(flow_label: u32) -> u16 {
+    let fl = flow_label & FLOW_LABEL_MASK;
+    let low = (fl & 0x3FFF) ^ ((fl & 0xF_C000) >> 14);
+    (low | 0xC000) as u16
+}
+
+/// The label a SERVICE probe must carry to take the service's ECMP path. A label the
+/// service set is its path. Label 0 is no path: the NIC derives one from the QPNs
+/// ([`rc_flow_label`]), and a UD address handle with that label gets the same UDP source
+/// port (mlx5 and hns compute a UD AH's port from its label; with label 0 they pick a
+/// random one). A derived 0 becomes 0x4001, which maps to the same port (0xC000) without
+/// being 0. (rxe ignores the AH's label for UD: its port hashes the UD QPN.)
+pub fn service_path_label(flow_label: u32, lqpn: u32, rqpn: u32) -> u32 {
+    let fl = flow_label & FLOW_LABEL_MASK;
+    if fl != 0 {
+        return fl;
+    }
+    match rc_flow_label(lqpn, rqpn) {
+        0 => 0x4001,
+        x => x,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn service_labels_follow_the_kernels_derivation() {
+        // Worked by hand: 0x11 * 0x12 = 0x132 (no high bits to fold).
+        assert_eq!(rc_flow_label(0x11, 0x12), 0x132);
+        assert_eq!(rc_flow_label(0x12, 0x11), 0x132, "symmetric");
+        // 0xFFFFFF^2 = 0xFFFFFE000001: v ^= v>>20 -> 0xFFFFFE0FFFFF ^ ... folded to 20 bits.
+        let v: u64 = 0xFF_FFFF * 0xFF_FFFF;
+        let v = v ^ (v >> 20);
+        let v = v ^ (v >> 40);
+        assert_eq!(rc_flow_label(0xFF_FFFF, 0xFF_FFFF), (v as u32) & 0xF_FFFF);
+        // A label the service set is kept; 0 is derived; a derived 0 maps to port 0xC000.
+        assert_eq!(service_path_label(0x1234, 5, 6), 0x1234);
+        assert_eq!(service_path_label(0, 0x11, 0x12), 0x132);
+        assert_eq!(service_path_label(0, 0, 7), 0x4001);
+        assert_eq!(udp_sport(0x4001), 0xC000);
+        assert_eq!(udp_sport(0), 0xC000);
+        assert_eq!(udp_sport(0x132), 0xC132);
+        assert_eq!(udp_sport(0xF_C000), 0xC03F);
+    }
     use std::collections::HashSet;
 
     #[test]

@@ -37,9 +37,15 @@ pub enum TransportEvent {
         len: usize,
         data: [u8; 64],
         rx_ts_ns: Option<u64>,
+        /// The flow label the datagram arrived with, where the transport sees it (rdma
+        /// over IPv6 GRHs); the responder's ACKs echo it so they take the probe's path.
+        flow_label: Option<u32>,
     },
     /// Send completion timestamp (transport clock) of send `id`.
     Sent { id: SendId, tx_ts_ns: u64 },
+    /// Send `id` was accepted but never went out (rdma: no address handle could be made
+    /// for its destination, or its completion carried an error status).
+    SendFailed { id: SendId },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -166,6 +172,20 @@ impl Transport {
         match self {
             Transport::Udp(e) => e.poll_completions(out),
             Transport::Rdma(e) => e.poll_events(out),
+        }
+    }
+
+    /// Room for `paths` distinct paths (rdma: address handles; udp needs none).
+    pub fn reserve_paths(&self, paths: usize) {
+        if let Transport::Rdma(e) = self {
+            e.reserve_paths(paths);
+        }
+    }
+
+    /// A probe on this path was lost (rdma: its address handle is made again).
+    pub fn note_loss(&self, to: &Endpoint, params: &SendParams) {
+        if let Transport::Rdma(e) = self {
+            e.note_loss(to, params);
         }
     }
 

@@ -676,6 +676,8 @@ impl UdpEndpoint {
                 len,
                 data,
                 rx_ts_ns,
+                // The IPv6 flow label of a received datagram is not read (nor echoed).
+                flow_label: None,
             });
         }
         Ok(n < RECV_BATCH)

@@ -48,6 +48,7 @@ fn received(events: &[TransportEvent]) -> Vec<(Endpoint, usize, [u8; 64], Option
                 len,
                 data,
                 rx_ts_ns,
+                ..
             } => Some((*from, *len, *data, *rx_ts_ns)),
             _ => None,
         })

@@ -132,6 +132,7 @@ fn sample_event() -> TransportEvent {
         len: 40,
         data: [7u8; 64],
         rx_ts_ns: Some(1),
+        flow_label: None,
     }
 }
 

@@ -132,6 +132,41 @@ impl<H> AhCache<H> {
         }
     }
 
+    /// As `get`, mutable.
+    pub fn get_mut(&mut self, key: &AhKey) -> Option<&mut H> {
+        match self.map.get(key).copied() {
+            Some(i) => {
+                self.stats.hits += 1;
+                if self.head != i {
+                    self.unlink(i);
+                    self.push_front(i);
+                }
+                Some(&mut self.nodes[i].handle)
+            }
+            None => {
+                self.stats.misses += 1;
+                None
+            }
+        }
+    }
+
+    /// The entry for `key`, without touching its recency or the counters.
+    pub fn peek_mut(&mut self, key: &AhKey) -> Option<&mut H> {
+        let i = *self.map.get(key)?;
+        Some(&mut self.nodes[i].handle)
+    }
+
+    pub fn for_each_mut(&mut self, mut f: impl FnMut(&mut H)) {
+        for n in &mut self.nodes {
+            f(&mut n.handle);
+        }
+    }
+
+    /// Changes the bound (never below the entries held, nor below 1).
+    pub fn set_capacity(&mut self, capacity: usize) {
+        self.capacity = capacity.max(self.map.len()).max(1);
+    }
+
     /// Inserts (or replaces) `key`. Returns the handle that left the cache: the replaced
     /// one for an existing key, else the least recently used one when full.
     pub fn insert(&mut self, key: AhKey, handle: H) -> Option<(AhKey, H)> {

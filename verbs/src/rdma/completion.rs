@@ -56,25 +56,31 @@ pub fn wc_status_name(status: u32) -> &'static str {
 /// What a work request was, packed into its 64-bit `wr_id`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WrKind {
-    /// A send; carries the id reported in `TransportEvent::Sent`.
-    Send(SendId),
+    /// A send: the id reported in `TransportEvent::Sent` and the send-buffer slot it used
+    /// (ids are handed out when a send is accepted, slots when it is posted: a send
+    /// waiting for its address handle is posted later than sends accepted after it).
+    Send { id: SendId, slot: u32 },
     /// A posted receive buffer, by slot.
     Recv(u32),
 }
 
 const SEND_TAG: u64 = 1 << 63;
+const SLOT_MASK: u64 = (1 << 31) - 1;
 
 impl WrKind {
     pub fn to_wr_id(self) -> u64 {
         match self {
-            WrKind::Send(id) => SEND_TAG | id as u64,
+            WrKind::Send { id, slot } => SEND_TAG | ((slot as u64 & SLOT_MASK) << 32) | id as u64,
             WrKind::Recv(slot) => slot as u64,
         }
     }
 
     pub fn from_wr_id(wr_id: u64) -> WrKind {
         if wr_id & SEND_TAG != 0 {
-            WrKind::Send(wr_id as u32)
+            WrKind::Send {
+                id: wr_id as u32,
+                slot: ((wr_id >> 32) & SLOT_MASK) as u32,
+            }
         } else {
             WrKind::Recv(wr_id as u32)
         }
@@ -105,8 +111,9 @@ pub enum WcOutcome {
     },
     /// A good completion whose content is unusable (counted, buffer re-posted).
     Malformed { reason: String, repost: Option<u32> },
-    /// An error status: the QP is in the error state; the endpoint must be re-opened.
-    /// Flush errors (after the first error) are part of the same failure.
+    /// An error status. The endpoint reports a failed send or re-posts the receive
+    /// buffer, and fails only if the QP is really in the error state (flush errors, or
+    /// whatever error moved it there).
     Failed {
         kind: WrKind,
         status: u32,
@@ -123,6 +130,12 @@ pub enum WcOutcome {
 /// - First nibble 6: could still be IPv4 whose undefined bytes happen to start with 6;
 ///   then only a valid IPv4 header (0x45, correct checksum) makes it IPv4.
 pub fn grh_source(grh: &[u8]) -> Result<Ipv6Addr, String> {
+    grh_source_and_label(grh).map(|(gid, _)| gid)
+}
+
+/// As [`grh_source`], with the IPv6 flow label (None over IPv4, whose header has none:
+/// there the label only chose the UDP source port, which the GRH area does not keep).
+pub fn grh_source_and_label(grh: &[u8]) -> Result<(Ipv6Addr, Option<u32>), String> {
     if grh.len() < GRH_LEN {
         return Err(format!("GRH area is {} bytes, need {GRH_LEN}", grh.len()));
     }
@@ -135,12 +148,13 @@ pub fn grh_source(grh: &[u8]) -> Result<Ipv6Addr, String> {
     };
     if is_v4 {
         let src = Ipv4Addr::new(ip4[12], ip4[13], ip4[14], ip4[15]);
-        return Ok(src.to_ipv6_mapped());
+        return Ok((src.to_ipv6_mapped(), None));
     }
     if v6_version {
         let mut g = [0u8; 16];
         g.copy_from_slice(&grh[8..24]);
-        return Ok(Ipv6Addr::from(g));
+        let vtf = u32::from_be_bytes([grh[0], grh[1], grh[2], grh[3]]);
+        return Ok((Ipv6Addr::from(g), Some(vtf & 0xF_FFFF)));
     }
     Err(format!(
         "GRH holds neither an IPv6 header (first byte {:#04x}) nor an IPv4 header (byte 20 {:#04x})",
@@ -165,7 +179,7 @@ pub fn translate(rec: &WcRecord, recv_buf: &[u8]) -> WcOutcome {
     let kind = WrKind::from_wr_id(rec.wr_id);
     if rec.status != WC_SUCCESS {
         let what = match kind {
-            WrKind::Send(id) => format!("send {id}"),
+            WrKind::Send { id, .. } => format!("send {id}"),
             WrKind::Recv(slot) => format!("receive slot {slot}"),
         };
         return WcOutcome::Failed {
@@ -179,7 +193,7 @@ pub fn translate(rec: &WcRecord, recv_buf: &[u8]) -> WcOutcome {
         };
     }
     match kind {
-        WrKind::Send(id) => {
+        WrKind::Send { id, .. } => {
             if rec.opcode != WC_OPCODE_SEND {
                 return WcOutcome::Malformed {
                     reason: format!("send {id} completed with opcode {}", rec.opcode),
@@ -218,7 +232,7 @@ pub fn translate(rec: &WcRecord, recv_buf: &[u8]) -> WcOutcome {
                     repost,
                 };
             }
-            let gid = match grh_source(&recv_buf[..GRH_LEN]) {
+            let (gid, flow_label) = match grh_source_and_label(&recv_buf[..GRH_LEN]) {
                 Ok(g) => g,
                 Err(reason) => {
                     return WcOutcome::Malformed {
@@ -240,6 +254,7 @@ pub fn translate(rec: &WcRecord, recv_buf: &[u8]) -> WcOutcome {
                     len: payload.len(),
                     data,
                     rx_ts_ns: Some(rec.ts_ns),
+                    flow_label,
                 },
                 repost,
             }
@@ -310,14 +325,20 @@ pub(crate) mod tests {
     #[test]
     fn wr_id_roundtrip() {
         for k in [
-            WrKind::Send(0),
-            WrKind::Send(u32::MAX),
+            WrKind::Send { id: 0, slot: 0 },
+            WrKind::Send {
+                id: u32::MAX,
+                slot: 65_535,
+            },
             WrKind::Recv(0),
             WrKind::Recv(511),
         ] {
             assert_eq!(WrKind::from_wr_id(k.to_wr_id()), k);
         }
-        assert_ne!(WrKind::Send(3).to_wr_id(), WrKind::Recv(3).to_wr_id());
+        assert_ne!(
+            WrKind::Send { id: 3, slot: 0 }.to_wr_id(),
+            WrKind::Recv(3).to_wr_id()
+        );
     }
 
     #[test]
@@ -336,9 +357,11 @@ pub(crate) mod tests {
                         len,
                         data,
                         rx_ts_ns,
+                        flow_label,
                     },
                 repost,
             } => {
+                assert_eq!(flow_label, None, "IPv4 carries no flow label");
                 assert_eq!(
                     from,
                     Endpoint {
@@ -365,12 +388,20 @@ pub(crate) mod tests {
         );
         let out = translate(&recv_rec(0, 80, 0xFF00_0042), &b);
         let WcOutcome::Event {
-            event: TransportEvent::Received { from, len, .. },
+            event:
+                TransportEvent::Received {
+                    from,
+                    len,
+                    flow_label,
+                    ..
+                },
             ..
         } = out
         else {
             panic!("{out:?}")
         };
+        // The responder echoes it in its ACKs.
+        assert_eq!(flow_label, Some(0xABCDE));
         // src_qp is 24 bits; junk above them is ignored.
         assert_eq!(
             from,
@@ -385,7 +416,7 @@ pub(crate) mod tests {
     #[test]
     fn send_completion_becomes_sent() {
         let rec = WcRecord {
-            wr_id: WrKind::Send(41).to_wr_id(),
+            wr_id: WrKind::Send { id: 41, slot: 7 }.to_wr_id(),
             status: WC_SUCCESS,
             opcode: WC_OPCODE_SEND,
             byte_len: 0,
@@ -418,7 +449,7 @@ pub(crate) mod tests {
             }
         );
         let rec = WcRecord {
-            wr_id: WrKind::Send(9).to_wr_id(),
+            wr_id: WrKind::Send { id: 9, slot: 1 }.to_wr_id(),
             status: 12,
             opcode: 0,
             byte_len: 0,

@@ -1,18 +1,20 @@
 //! One RNIC endpoint: a UD QP with pre-posted receive buffers, a poller thread feeding the
 //! SPSC ring, and the async face the agent drives (same shape as `UdpEndpoint`).
 
+use std::collections::HashMap;
 use std::io;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv6Addr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-use super::ah_cache::{AhCache, AhKey};
-use super::completion::{translate, WcOutcome, WcRecord, WrKind};
+use super::ah_cache::AhKey;
+use super::ah_table::{AhTable, Lookup, Resolved};
+use super::completion::{translate, WcOutcome, WcRecord, WrKind, WC_WR_FLUSH_ERR};
 use super::error::RdmaError;
 use super::ffi::{self, Ah, AhSpec, CompChannel, Context, Cq, DeviceCaps, Mr, Pd, Qp};
 use super::nic_clock::NicClock;
@@ -26,6 +28,8 @@ const HOP_LIMIT: u8 = 64;
 /// How often the poller checks the QP state and sysfs (async events wake it at once).
 const HEALTH_INTERVAL: Duration = Duration::from_millis(500);
 const POLL_BATCH: usize = 32;
+/// Sends parked per path while its address handle is being made.
+const PARKED_PER_PATH: usize = 16;
 
 /// The largest power of two <= n (n >= 1).
 fn pow2_floor(n: u32) -> u32 {
@@ -73,24 +77,37 @@ pub fn device_info(name: &str, sysfs_dir: &std::path::Path) -> Result<DeviceInfo
     })
 }
 
-/// State shared by the endpoint and its poller thread. Field order = drop order: the QP
-/// goes before the buffers it references.
+/// State shared by the endpoint, its poller thread and its AH resolver thread. Field
+/// order = drop order: the QP goes before the buffers it references.
 struct Shared {
     qp: Qp,
     recv_mr: Mr,
     send_mr: Mr,
     cq: Arc<Cq>,
     channel: Arc<CompChannel>,
+    /// The send side: address handles, parked sends, slots.
+    send: Mutex<SendState>,
+    pd: Arc<Pd>,
     ctx: Arc<Context>,
     port: u8,
+    gid: Ipv6Addr,
+    sgid_index: u8,
+    send_depth: u64,
+    software_ts: bool,
     sysfs_dir: std::path::PathBuf,
     notify: Notify,
     stop: AtomicBool,
+    /// False between IBV_EVENT_PORT_ERR and IBV_EVENT_PORT_ACTIVE: sends fail at once.
+    port_active: AtomicBool,
     /// Written by `Drop` to wake the poller out of poll(2).
     wake: OwnedFd,
     failure: Mutex<Option<RdmaError>>,
     failed: AtomicBool,
+    /// Sends the resolver could not post (no AH, queue full), for `poll_events`.
+    failed_sends: Mutex<Vec<TransportEvent>>,
+    failed_sends_pending: AtomicBool,
     sends_completed: AtomicU64,
+    sends_failed: AtomicU64,
     malformed: AtomicU64,
     error_completions: AtomicU64,
     /// Software timestamps only: CLOCK_MONOTONIC read just before each send was posted,
@@ -119,27 +136,109 @@ impl Shared {
         let f = self.failure.lock().unwrap_or_else(|p| p.into_inner());
         f.as_ref().map(|e| e.to_string())
     }
+
+    fn device(&self) -> &str {
+        self.ctx.name()
+    }
+
+    fn lock_send(&self) -> std::sync::MutexGuard<'_, SendState> {
+        self.send.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Posts one send with `ah` into the next send slot. The caller holds the send lock
+    /// (`posted` is its counter).
+    fn post(
+        &self,
+        ah: &Ah,
+        posted: &mut u64,
+        qpn: u32,
+        payload: &[u8],
+        id: SendId,
+    ) -> io::Result<()> {
+        let completed = self.sends_completed.load(Ordering::Acquire);
+        if *posted - completed >= self.send_depth {
+            return Err(io::Error::new(
+                io::ErrorKind::WouldBlock,
+                format!(
+                    "rdma device {}: send queue full ({} sends in flight)",
+                    self.device(),
+                    self.send_depth
+                ),
+            ));
+        }
+        // Slot `posted % depth` was last used by send posted-depth, which has completed.
+        let slot = (*posted % self.send_depth) as u32;
+        let off = slot as usize * MAX_PAYLOAD;
+        self.send_mr.write(off, payload);
+        if self.software_ts {
+            self.sw_post_ts[slot as usize].store(clock::monotonic_ns(), Ordering::Release);
+        }
+        self.qp
+            .post_send_ud(
+                ah,
+                qpn,
+                QKEY,
+                &self.send_mr,
+                off,
+                payload.len(),
+                WrKind::Send { id, slot }.to_wr_id(),
+            )
+            .map_err(io::Error::from)?;
+        *posted += 1;
+        Ok(())
+    }
+
+    /// Reports sends that were accepted but never posted.
+    fn sends_failed(&self, ids: impl IntoIterator<Item = SendId>) {
+        let mut q = self.failed_sends.lock().unwrap_or_else(|p| p.into_inner());
+        let before = q.len();
+        q.extend(ids.into_iter().map(|id| TransportEvent::SendFailed { id }));
+        let n = (q.len() - before) as u64;
+        drop(q);
+        if n > 0 {
+            self.sends_failed.fetch_add(n, Ordering::Relaxed);
+            self.failed_sends_pending.store(true, Ordering::Release);
+            self.notify.notify_one();
+        }
+    }
 }
 
-/// Send-side state under one lock: AH cache, AHs waiting for their sends to complete.
+/// A send waiting for its path's address handle.
+struct Parked {
+    id: SendId,
+    qpn: u32,
+    len: usize,
+    payload: [u8; MAX_PAYLOAD],
+}
+
+/// Send-side state under one lock.
 struct SendState {
-    ahs: AhCache<Ah>,
+    ahs: AhTable<Ah>,
+    /// Sends waiting for their AH, by path; `parked_total` across paths.
+    parked: HashMap<AhKey, Vec<Parked>>,
+    parked_total: usize,
     /// (sends posted when evicted, handle): destroyed once that many sends completed.
     retired: Vec<(u64, Ah)>,
     posted: u64,
+    next_id: SendId,
+}
+
+/// A path whose address handle the resolver thread is to create.
+struct AhRequest {
+    key: AhKey,
+    spec: AhSpec,
 }
 
 pub struct RdmaEndpoint {
-    // Dropped first: joins the poller (see Drop), then AHs, then the shared verbs objects.
+    // Dropped first: joins the poller (see Drop). The resolver thread is not joined (it
+    // may sit in a one-second ibv_create_ah): closing its channel ends it, and it holds
+    // its own reference to the verbs objects until then.
     poller: Option<JoinHandle<()>>,
-    send: Mutex<SendState>,
+    resolver: mpsc::Sender<AhRequest>,
     events: Mutex<Consumer<TransportEvent>>,
     shared: Arc<Shared>,
-    pd: Arc<Pd>,
     local: Endpoint,
     device_name: String,
-    sgid_index: u8,
-    send_depth: u64,
     ts_source: TimestampSource,
     gid_warning: Option<String>,
 }
@@ -278,16 +377,33 @@ impl RdmaEndpoint {
             send_mr,
             cq,
             channel,
+            send: Mutex::new(SendState {
+                ahs: AhTable::new(o.ah_cache_capacity, o.ah_max_age.as_nanos() as u64),
+                parked: HashMap::new(),
+                parked_total: 0,
+                retired: Vec::new(),
+                posted: 0,
+                next_id: 0,
+            }),
+            pd,
             ctx,
             port: o.port,
+            gid: entry.gid,
+            sgid_index: o.gid_index as u8,
+            send_depth: send_depth as u64,
+            software_ts: ts_source == TimestampSource::Software,
             sysfs_dir: o.sysfs_dir.clone(),
             notify: Notify::new(),
             stop: AtomicBool::new(false),
+            port_active: AtomicBool::new(true),
             wake,
             sw_post_ts: (0..send_depth).map(|_| AtomicU64::new(0)).collect(),
             failure: Mutex::new(None),
             failed: AtomicBool::new(false),
+            failed_sends: Mutex::new(Vec::new()),
+            failed_sends_pending: AtomicBool::new(false),
             sends_completed: AtomicU64::new(0),
+            sends_failed: AtomicU64::new(0),
             malformed: AtomicU64::new(0),
             error_completions: AtomicU64::new(0),
         });
@@ -295,45 +411,48 @@ impl RdmaEndpoint {
         let poller = Poller {
             shared: shared.clone(),
             out: producer,
-            ts_source,
             nic_clock,
+            ts_source,
             recv_slots: recv_n,
-            send_depth: send_depth as u64,
+            port_up_logged: true,
+            error_completions_logged: 0,
+        };
+        let spawn_err = |e| RdmaError::Verbs {
+            device: o.device_name.clone(),
+            call: "spawn thread",
+            source: e,
         };
         let handle = std::thread::Builder::new()
             .name(format!("rdma-poll-{}", o.device_name))
             .spawn(move || poller.run())
-            .map_err(|e| RdmaError::Verbs {
-                device: o.device_name.clone(),
-                call: "spawn poller thread",
-                source: e,
-            })?;
+            .map_err(spawn_err)?;
+        let (resolver, requests) = mpsc::channel();
+        let resolver_shared = shared.clone();
+        let resolver_thread = std::thread::Builder::new()
+            .name(format!("rdma-ah-{}", o.device_name))
+            .spawn(move || run_resolver(resolver_shared, requests));
+        let endpoint = RdmaEndpoint {
+            poller: Some(handle),
+            resolver,
+            events: Mutex::new(consumer),
+            shared,
+            local,
+            device_name: o.device_name.clone(),
+            ts_source,
+            gid_warning,
+        };
+        // On failure the endpoint is dropped here, which stops its poller.
+        resolver_thread.map_err(spawn_err)?;
         tracing::info!(
             "rdma device {} port {}: gid[{}] {} qpn {} timestamps {:?}",
             o.device_name,
             o.port,
             o.gid_index,
-            entry.gid,
-            local.qpn,
+            endpoint.local.gid,
+            endpoint.local.qpn,
             ts_source
         );
-        Ok(RdmaEndpoint {
-            poller: Some(handle),
-            send: Mutex::new(SendState {
-                ahs: AhCache::new(o.ah_cache_capacity),
-                retired: Vec::new(),
-                posted: 0,
-            }),
-            events: Mutex::new(consumer),
-            shared,
-            pd,
-            local,
-            device_name: o.device_name.clone(),
-            sgid_index: o.gid_index as u8,
-            send_depth: send_depth as u64,
-            ts_source,
-            gid_warning,
-        })
+        Ok(endpoint)
     }
 
     pub fn local(&self) -> Endpoint {
@@ -368,8 +487,10 @@ impl RdmaEndpoint {
     }
 
     pub fn stats(&self) -> RdmaStats {
-        let s = self.send.lock().unwrap_or_else(|p| p.into_inner());
-        let ah = s.ahs.stats();
+        let (ah, posted) = {
+            let s = self.shared.lock_send();
+            (s.ahs.stats(), s.posted)
+        };
         let ring = self
             .events
             .lock()
@@ -380,17 +501,49 @@ impl RdmaEndpoint {
             events_delivered: ring.pushed,
             malformed_completions: self.shared.malformed.load(Ordering::Relaxed),
             error_completions: self.shared.error_completions.load(Ordering::Relaxed),
-            sends_posted: s.posted,
+            sends_posted: posted,
             sends_completed: self.shared.sends_completed.load(Ordering::Relaxed),
-            ah_hits: ah.hits,
-            ah_misses: ah.misses,
-            ah_evictions: ah.evictions,
+            sends_failed: self.shared.sends_failed.load(Ordering::Relaxed),
+            ah_hits: ah.cache.hits,
+            ah_misses: ah.cache.misses,
+            ah_evictions: ah.cache.evictions,
+            ah_resolutions: ah.resolutions,
+            ah_resolution_failures: ah.resolution_failures,
+            ah_refreshes: ah.refreshes,
+            ah_unreachable_sends: ah.unreachable_sends,
+            port_active: self.shared.port_active.load(Ordering::Relaxed),
         }
+    }
+
+    fn ah_key(to: &Endpoint, params: &SendParams) -> AhKey {
+        AhKey::new(
+            to.gid,
+            params.flow_label,
+            params.service_level,
+            params.traffic_class,
+        )
+    }
+
+    /// Makes room for `paths` address handles (the pinglist's targets x flow labels plus
+    /// the peers that probe us), so rounds of flow labels do not evict each other.
+    pub fn reserve_paths(&self, paths: usize) {
+        self.shared.lock_send().ahs.reserve(paths);
+    }
+
+    /// A probe on this path was lost: its address handle is made again (off the send
+    /// path; the old one serves until then), in case the next hop moved.
+    pub fn note_loss(&self, to: &Endpoint, params: &SendParams) {
+        self.shared
+            .lock_send()
+            .ahs
+            .note_loss(&Self::ah_key(to, params));
     }
 
     /// Sends one probe packet to `to` (GID + QPN) on the path given by `params`
     /// (flow label, traffic class, SL: the agent fills them from config or the target).
-    /// Returns the id its `TransportEvent::Sent` will carry.
+    /// Returns the id its `TransportEvent::Sent` (or `SendFailed`) will carry. Never
+    /// blocks: a path without an address handle parks the send until the resolver
+    /// thread made one.
     pub fn send(&self, to: &Endpoint, params: &SendParams, payload: &[u8]) -> io::Result<SendId> {
         if let Some(f) = self.failure() {
             return Err(io::Error::new(io::ErrorKind::BrokenPipe, f));
@@ -404,74 +557,119 @@ impl RdmaEndpoint {
                 ),
             ));
         }
-        let mut st = self.send.lock().unwrap_or_else(|p| p.into_inner());
-        let completed = self.shared.sends_completed.load(Ordering::Acquire);
-        // Send completions arrive in order, so retired AHs of completed sends can go.
-        st.retired.retain(|(posted_at, _)| *posted_at > completed);
-        if st.posted - completed >= self.send_depth {
+        if !self.shared.port_active.load(Ordering::Acquire) {
             return Err(io::Error::new(
-                io::ErrorKind::WouldBlock,
+                io::ErrorKind::NotConnected,
                 format!(
-                    "rdma device {}: send queue full ({} sends in flight)",
-                    self.device_name, self.send_depth
+                    "rdma device {} port {} is down",
+                    self.device_name, self.shared.port
                 ),
             ));
         }
-        let key = AhKey::new(
-            to.gid,
-            params.flow_label,
-            params.service_level,
-            params.traffic_class,
-        );
+        let key = Self::ah_key(to, params);
+        let now = clock::monotonic_ns();
+        let mut guard = self.shared.lock_send();
+        let SendState {
+            ahs,
+            parked,
+            parked_total,
+            retired,
+            posted,
+            next_id,
+        } = &mut *guard;
+        let completed = self.shared.sends_completed.load(Ordering::Acquire);
+        // Send completions arrive in order, so retired AHs of completed sends can go.
+        retired.retain(|(posted_at, _)| *posted_at > completed);
+        let id = *next_id;
+        let park = match ahs.lookup(&key, now) {
+            Lookup::Hit { handle, refresh } => {
+                if refresh {
+                    self.request_ah(key);
+                }
+                self.shared.post(handle, posted, to.qpn, payload, id)?;
+                false
+            }
+            Lookup::Miss => {
+                self.request_ah(key);
+                true
+            }
+            Lookup::Pending => true,
+            Lookup::Unreachable {
+                reason,
+                retry_in_ns,
+            } => {
+                return Err(io::Error::new(
+                    io::ErrorKind::HostUnreachable,
+                    format!(
+                        "rdma device {}: no address handle for {} ({reason}); next try in {} ms",
+                        self.device_name,
+                        to.gid,
+                        retry_in_ns / 1_000_000
+                    ),
+                ))
+            }
+        };
+        if park {
+            let waiting = parked.entry(key).or_default();
+            if waiting.len() >= PARKED_PER_PATH || *parked_total >= self.shared.send_depth as usize
+            {
+                return Err(io::Error::new(
+                    io::ErrorKind::WouldBlock,
+                    format!(
+                        "rdma device {}: {} sends already wait for address handles",
+                        self.device_name, *parked_total
+                    ),
+                ));
+            }
+            let mut p = Parked {
+                id,
+                qpn: to.qpn,
+                len: payload.len(),
+                payload: [0; MAX_PAYLOAD],
+            };
+            p.payload[..payload.len()].copy_from_slice(payload);
+            waiting.push(p);
+            *parked_total += 1;
+        }
+        *next_id = id.wrapping_add(1);
+        Ok(id)
+    }
+
+    fn request_ah(&self, key: AhKey) {
         let spec = AhSpec {
-            dgid: to.gid,
+            dgid: key.gid,
             flow_label: key.flow_label,
-            sgid_index: self.sgid_index,
+            sgid_index: self.shared.sgid_index,
             hop_limit: HOP_LIMIT,
             traffic_class: key.traffic_class,
             service_level: key.service_level,
             port: self.shared.port,
         };
-        let posted = st.posted;
-        let SendState { ahs, retired, .. } = &mut *st;
-        let (ah, evicted) = ahs
-            .get_or_try_insert_with(key, |_| Ah::create(&self.pd, &spec))
-            .map_err(io::Error::from)?;
-        // Slot `posted % depth` was last used by send posted-depth, which has completed.
-        let slot = (posted % self.send_depth) as usize;
-        let off = slot * MAX_PAYLOAD;
-        self.shared.send_mr.write(off, payload);
-        let id = posted as SendId;
-        if self.ts_source == TimestampSource::Software {
-            // Read after the AH lookup (which may block), right before the post.
-            self.shared.sw_post_ts[slot].store(clock::monotonic_ns(), Ordering::Release);
-        }
-        let r = self.shared.qp.post_send_ud(
-            ah,
-            to.qpn,
-            QKEY,
-            &self.shared.send_mr,
-            off,
-            payload.len(),
-            WrKind::Send(id).to_wr_id(),
-        );
-        if let Some(old) = evicted {
-            // Earlier sends may still reference it: destroy after they completed.
-            retired.push((posted, old));
-        }
-        r.map_err(io::Error::from)?;
-        st.posted += 1;
-        Ok(id)
+        // Fails only when the resolver is gone, i.e. the endpoint is being dropped.
+        let _ = self.resolver.send(AhRequest { key, spec });
     }
 
     /// Non-blocking: appends every queued event. Err once the endpoint failed and all
     /// events before the failure were delivered.
     pub fn poll_events(&self, out: &mut Vec<TransportEvent>) -> io::Result<()> {
-        let n = self
+        let mut n = self
             .events
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .drain_into(out);
+        if self
+            .shared
+            .failed_sends_pending
+            .swap(false, Ordering::AcqRel)
+        {
+            let mut q = self
+                .shared
+                .failed_sends
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            n += q.len();
+            out.append(&mut q);
+        }
         if n == 0 {
             if let Some(f) = self.failure() {
                 return Err(io::Error::new(io::ErrorKind::BrokenPipe, f));
@@ -495,13 +693,82 @@ impl RdmaEndpoint {
     }
 }
 
+/// The AH resolver thread: makes each requested address handle (this is where a dead
+/// peer's one-second neighbour timeout is spent, on nobody's send path), then posts the
+/// sends parked for it or fails them.
+fn run_resolver(shared: Arc<Shared>, requests: mpsc::Receiver<AhRequest>) {
+    for req in requests {
+        if shared.stop.load(Ordering::Acquire) {
+            break;
+        }
+        let made = Ah::create(&shared.pd, &req.spec).map_err(|e| match e {
+            RdmaError::Verbs { source, .. } => format!("ibv_create_ah: {source}"),
+            other => other.to_string(),
+        });
+        let now = clock::monotonic_ns();
+        let mut failed = Vec::new();
+        {
+            let mut guard = shared.lock_send();
+            let SendState {
+                ahs,
+                parked,
+                parked_total,
+                retired,
+                posted,
+                ..
+            } = &mut *guard;
+            let waiting = parked.remove(&req.key).unwrap_or_default();
+            *parked_total -= waiting.len();
+            let error = made.as_ref().err().cloned();
+            let usable = match ahs.resolved(req.key, made, now) {
+                Resolved::Ready { retire } => {
+                    if let Some(old) = retire {
+                        // Sends posted so far may still reference it.
+                        retired.push((*posted, old));
+                    }
+                    true
+                }
+                Resolved::KeptOld => true,
+                Resolved::Failed { first } => {
+                    if first {
+                        tracing::warn!(
+                            "rdma device {}: no address handle for {} ({}); its probes fail until a retry succeeds",
+                            shared.device(),
+                            req.key.gid,
+                            error.unwrap_or_default()
+                        );
+                    }
+                    false
+                }
+            };
+            match ahs.peek(&req.key) {
+                Some(ah) if usable && !shared.stop.load(Ordering::Acquire) => {
+                    for p in waiting {
+                        if shared
+                            .post(ah, posted, p.qpn, &p.payload[..p.len], p.id)
+                            .is_err()
+                        {
+                            failed.push(p.id);
+                        }
+                    }
+                }
+                _ => failed.extend(waiting.iter().map(|p| p.id)),
+            }
+        }
+        shared.sends_failed(failed);
+    }
+}
+
 struct Poller {
     shared: Arc<Shared>,
     out: Producer<TransportEvent>,
     ts_source: TimestampSource,
     nic_clock: Option<NicClock>,
     recv_slots: u32,
-    send_depth: u64,
+    /// The port state last logged (one line per change).
+    port_up_logged: bool,
+    /// Error completions logged so far (the first, then at powers of two).
+    error_completions_logged: u64,
 }
 
 /// Which of the poller's descriptors poll(2) found readable.
@@ -643,7 +910,7 @@ impl Poller {
                     }
                     _ => None,
                 };
-                if matches!(kind, WrKind::Send(_)) {
+                if matches!(kind, WrKind::Send { .. }) {
                     self.shared.sends_completed.fetch_add(1, Ordering::Release);
                 }
                 let buf: &[u8] = if slot.is_some() { slot_buf } else { &[] };
@@ -659,15 +926,14 @@ impl Poller {
                         tracing::debug!("rdma device {}: {reason}", self.shared.ctx.name());
                         self.repost(repost);
                     }
-                    WcOutcome::Failed { reason, .. } => {
-                        self.shared
-                            .error_completions
-                            .fetch_add(1, Ordering::Relaxed);
-                        self.shared.fail(RdmaError::QpError {
-                            device: self.shared.ctx.name().to_string(),
-                            qpn: self.shared.qp.qpn(),
-                            reason,
-                        });
+                    WcOutcome::Failed {
+                        kind,
+                        status,
+                        reason,
+                    } => {
+                        if self.on_error_completion(kind, status, &reason) {
+                            delivered = true;
+                        }
                     }
                 }
             }
@@ -694,9 +960,12 @@ impl Poller {
                 c.convert_tracking(ticks)
             }
             _ => match kind {
-                WrKind::Send(id) => {
-                    let slot = (id as u64 % self.send_depth) as usize;
-                    let posted = self.shared.sw_post_ts[slot].load(Ordering::Acquire);
+                WrKind::Send { slot, .. } => {
+                    let posted = self
+                        .shared
+                        .sw_post_ts
+                        .get(slot as usize)
+                        .map_or(0, |t| t.load(Ordering::Acquire));
                     if posted != 0 && posted <= sw_ts {
                         posted
                     } else {
@@ -722,26 +991,72 @@ impl Poller {
         }
     }
 
-    fn health_check(&self) {
-        let dev = self.shared.ctx.name().to_string();
-        while let Some((ty, name)) = self.shared.ctx.poll_async_event() {
-            if ffi::async_event_is_fatal(ty) {
-                let e = if ty == 8 {
+    /// An error completion. The QP in the error state fails the endpoint (flush errors
+    /// only come from there); anything else costs one send or one receive: the send is
+    /// reported failed, the receive buffer goes back. True when an event was queued.
+    fn on_error_completion(&mut self, kind: WrKind, status: u32, reason: &str) -> bool {
+        let n = self
+            .shared
+            .error_completions
+            .fetch_add(1, Ordering::Relaxed)
+            + 1;
+        let qp_in_error = status == WC_WR_FLUSH_ERR || self.shared.qp.in_error().unwrap_or(true);
+        if qp_in_error {
+            self.shared.fail(RdmaError::QpError {
+                device: self.shared.device().to_string(),
+                qpn: self.shared.qp.qpn(),
+                reason: reason.to_string(),
+            });
+            return false;
+        }
+        if n.is_power_of_two() && n > self.error_completions_logged {
+            self.error_completions_logged = n;
+            tracing::warn!(
+                "rdma device {}: {reason}; the QP is fine, carrying on ({n} error completions so far)",
+                self.shared.device()
+            );
+        }
+        match kind {
+            WrKind::Send { id, .. } => {
+                self.shared.sends_failed.fetch_add(1, Ordering::Relaxed);
+                let _ = self.out.push(TransportEvent::SendFailed { id });
+                true
+            }
+            WrKind::Recv(s) => {
+                self.repost((s < self.recv_slots).then_some(s));
+                false
+            }
+        }
+    }
+
+    fn health_check(&mut self) {
+        let dev = self.shared.device().to_string();
+        while let Some(ev) = self.shared.ctx.poll_async_event() {
+            if ev.port.is_some_and(|p| p != self.shared.port) {
+                continue; // another port of this device
+            }
+            if ffi::async_event_is_fatal(ev.ty) {
+                let e = if ev.ty == ffi::EVENT_DEVICE_FATAL {
                     RdmaError::DeviceLost {
                         device: dev.clone(),
-                        reason: name.to_string(),
+                        reason: ev.name.to_string(),
                     }
                 } else {
                     RdmaError::QpError {
                         device: dev.clone(),
                         qpn: self.shared.qp.qpn(),
-                        reason: format!("async event {name}"),
+                        reason: format!("async event {}", ev.name),
                     }
                 };
                 self.shared.fail(e);
                 return;
             }
-            tracing::info!("rdma device {dev}: async event {name}");
+            match ev.ty {
+                ffi::EVENT_PORT_ERR => self.set_port_active(false),
+                ffi::EVENT_PORT_ACTIVE => self.set_port_active(true),
+                ffi::EVENT_GID_CHANGE => self.check_gid(),
+                _ => tracing::info!("rdma device {dev}: async event {}", ev.name),
+            }
         }
         match self.shared.qp.in_error() {
             Ok(true) => self.shared.fail(RdmaError::QpError {
@@ -761,6 +1076,49 @@ impl Poller {
                 device: dev,
                 reason: "gone from sysfs".into(),
             });
+        }
+    }
+
+    /// Port down: the QP stays (it is not in error), sends fail at once with "port is
+    /// down" until the port is ACTIVE again; then every address handle is made anew,
+    /// since the neighbours may have changed meanwhile.
+    fn set_port_active(&mut self, up: bool) {
+        self.shared.port_active.store(up, Ordering::Release);
+        if up == self.port_up_logged {
+            return;
+        }
+        self.port_up_logged = up;
+        let (dev, port) = (self.shared.device(), self.shared.port);
+        if up {
+            self.shared.lock_send().ahs.refresh_all();
+            tracing::info!("rdma device {dev} port {port}: ACTIVE again; probing resumes");
+        } else {
+            tracing::warn!(
+                "rdma device {dev} port {port}: link down (IBV_EVENT_PORT_ERR); probes through it fail until the port is ACTIVE again, the QP stays open"
+            );
+        }
+    }
+
+    /// A GID table change that took our GID away fails the endpoint: the agent re-opens
+    /// it (and re-registers) once a GID is back at the configured index.
+    fn check_gid(&self) {
+        match self
+            .shared
+            .ctx
+            .query_gid(self.shared.port, self.shared.sgid_index as u32)
+        {
+            Ok(g) if g == self.shared.gid => {}
+            Ok(g) => self.shared.fail(RdmaError::DeviceLost {
+                device: self.shared.device().to_string(),
+                reason: format!(
+                    "GID index {} changed from {} to {g}",
+                    self.shared.sgid_index, self.shared.gid
+                ),
+            }),
+            Err(e) => self.shared.fail(RdmaError::DeviceLost {
+                device: self.shared.device().to_string(),
+                reason: format!("GID index {} unreadable: {e}", self.shared.sgid_index),
+            }),
         }
     }
 }

@@ -124,9 +124,11 @@ impl Context {
                 if dev.is_null() {
                     break;
                 }
-                let dn = CStr::from_ptr(ibv_get_device_name(dev))
-                    .to_string_lossy()
-                    .into_owned();
+                let dn = ibv_get_device_name(dev);
+                if dn.is_null() {
+                    continue; // a device without a name cannot be the one asked for
+                }
+                let dn = CStr::from_ptr(dn).to_string_lossy().into_owned();
                 if dn == name {
                     ctx = ibv_open_device(dev);
                     if ctx.is_null() {
@@ -208,9 +210,8 @@ impl Context {
         unsafe { (*self.ctx.as_ptr()).async_fd }
     }
 
-    /// Non-blocking read of one async event: (event type, name). Sets the async fd to
-    /// O_NONBLOCK on first use.
-    pub fn poll_async_event(&self) -> Option<(u32, &'static str)> {
+    /// Non-blocking read of one async event. Sets the async fd to O_NONBLOCK on first use.
+    pub fn poll_async_event(&self) -> Option<AsyncEvent> {
         // SAFETY: async_fd is a descriptor owned by the context; fcntl on it is harmless.
         unsafe {
             let fd = self.async_fd();
@@ -225,10 +226,27 @@ impl Context {
             // Read the type as an integer: a newer kernel may send a value the bound
             // Rust enum does not list.
             let ty = ptr::read(ptr::addr_of!(ev.event_type) as *const u32);
+            // The element union holds a port number for port events (an int at offset 0).
+            let port = async_event_has_port(ty)
+                .then(|| ptr::read(ptr::addr_of!(ev.element) as *const i32))
+                .and_then(|p| u8::try_from(p).ok());
             ibv_ack_async_event(&mut ev);
-            Some((ty, async_event_name(ty)))
+            Some(AsyncEvent {
+                ty,
+                name: async_event_name(ty),
+                port,
+            })
         }
     }
+}
+
+/// One asynchronous event of a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AsyncEvent {
+    pub ty: u32,
+    pub name: &'static str,
+    /// The port, for port events (PORT_ACTIVE, PORT_ERR, GID_CHANGE, ...).
+    pub port: Option<u8>,
 }
 
 /// Names of `enum ibv_event_type`.
@@ -258,9 +276,20 @@ pub fn async_event_name(ty: u32) -> &'static str {
     }
 }
 
-/// Async events after which the endpoint must be re-opened.
+/// Async events after which the endpoint must be re-opened: the CQ, the QP or the device
+/// is gone. A port going down is not one of them (the QP survives it; see the endpoint).
 pub fn async_event_is_fatal(ty: u32) -> bool {
-    matches!(ty, 0 | 1 | 2 | 3 | 8 | 10)
+    matches!(ty, 0 | 1 | 2 | 3 | 8 | 19)
+}
+
+pub const EVENT_DEVICE_FATAL: u32 = 8;
+pub const EVENT_PORT_ACTIVE: u32 = 9;
+pub const EVENT_PORT_ERR: u32 = 10;
+pub const EVENT_GID_CHANGE: u32 = 18;
+
+/// Events whose element is a port number.
+fn async_event_has_port(ty: u32) -> bool {
+    matches!(ty, 9..=13 | 17 | 18)
 }
 
 pub struct Pd {
@@ -908,12 +937,23 @@ mod tests {
             async_event_name(ibv_event_type::IBV_EVENT_WQ_FATAL as u32),
             "IBV_EVENT_WQ_FATAL"
         );
+        for (ours, lib) in [
+            (EVENT_DEVICE_FATAL, ibv_event_type::IBV_EVENT_DEVICE_FATAL),
+            (EVENT_PORT_ACTIVE, ibv_event_type::IBV_EVENT_PORT_ACTIVE),
+            (EVENT_PORT_ERR, ibv_event_type::IBV_EVENT_PORT_ERR),
+            (EVENT_GID_CHANGE, ibv_event_type::IBV_EVENT_GID_CHANGE),
+        ] {
+            assert_eq!(ours, lib as u32);
+        }
+        assert!(async_event_is_fatal(EVENT_DEVICE_FATAL));
         assert!(async_event_is_fatal(
-            ibv_event_type::IBV_EVENT_PORT_ERR as u32
+            ibv_event_type::IBV_EVENT_QP_FATAL as u32
         ));
-        assert!(!async_event_is_fatal(
-            ibv_event_type::IBV_EVENT_PORT_ACTIVE as u32
-        ));
+        // The QP survives a port going down: not fatal, the endpoint pauses instead.
+        assert!(!async_event_is_fatal(EVENT_PORT_ERR));
+        assert!(!async_event_is_fatal(EVENT_PORT_ACTIVE));
+        assert!(async_event_has_port(EVENT_PORT_ERR) && async_event_has_port(EVENT_GID_CHANGE));
+        assert!(!async_event_has_port(EVENT_DEVICE_FATAL));
     }
 
     /// On this machine (no RDMA in the kernel) the device list fails with the clear line.

@@ -9,6 +9,7 @@
 //! [`open_rdma`] returns `VerbsError::RdmaNotBuilt`.
 
 pub mod ah_cache;
+pub mod ah_table;
 pub mod completion;
 pub mod error;
 pub mod nic_clock;
@@ -54,7 +55,10 @@ pub struct RdmaOptions {
     /// Send queue depth (sends in flight before `send` returns WouldBlock); rounded down
     /// to a power of two.
     pub send_queue_depth: u32,
+    /// Address handles kept (grown to the pinglist's paths by `reserve_paths`).
     pub ah_cache_capacity: usize,
+    /// Age after which an address handle is made again in the background.
+    pub ah_max_age: Duration,
     /// Events buffered between the poller thread and the agent.
     pub event_ring_capacity: usize,
     /// `/sys/class/infiniband` (a fixture tree in tests).
@@ -74,6 +78,7 @@ impl RdmaOptions {
             recv_buffers: 512,
             send_queue_depth: 256,
             ah_cache_capacity: 4096,
+            ah_max_age: Duration::from_nanos(ah_table::DEFAULT_MAX_AGE_NS),
             event_ring_capacity: 8192,
             sysfs_dir: PathBuf::from(sysfs::SYSFS_CLASS_DIR),
             force_software_timestamps: false,
@@ -208,13 +213,21 @@ pub struct RdmaStats {
     pub events_delivered: u64,
     /// Good completions whose content was unusable (no GRH, bad length, unknown header).
     pub malformed_completions: u64,
-    /// Completions with an error status (each one marks the QP failed).
+    /// Completions with an error status (the endpoint fails only if the QP is in error).
     pub error_completions: u64,
     pub sends_posted: u64,
     pub sends_completed: u64,
+    /// Sends accepted but reported `SendFailed` (no AH, error completion).
+    pub sends_failed: u64,
     pub ah_hits: u64,
     pub ah_misses: u64,
     pub ah_evictions: u64,
+    pub ah_resolutions: u64,
+    pub ah_resolution_failures: u64,
+    pub ah_refreshes: u64,
+    /// Sends refused at once because their GID failed to resolve recently.
+    pub ah_unreachable_sends: u64,
+    pub port_active: bool,
 }
 
 /// Opens `device_name` with default options (port 1, gid_index 0).
@@ -272,6 +285,12 @@ impl RdmaEndpoint {
         match self.never {}
     }
     pub fn failure(&self) -> Option<String> {
+        match self.never {}
+    }
+    pub fn reserve_paths(&self, _paths: usize) {
+        match self.never {}
+    }
+    pub fn note_loss(&self, _to: &crate::Endpoint, _params: &crate::SendParams) {
         match self.never {}
     }
     pub fn send(
