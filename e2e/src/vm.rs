@@ -14,7 +14,12 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 /// Scenario result files (`<results>/<name>.json`), in the order the runner runs them.
-pub const SCENARIOS: [&str; 3] = ["ud_probing", "service_kprobe", "service_uprobe"];
+pub const SCENARIOS: [&str; 4] = [
+    "ud_probing",
+    "service_kprobe",
+    "service_uprobe",
+    "rdma_faults",
+];
 /// The benchmark scenario (`cargo xtask bench`); not part of the tests' run.
 pub const BENCH_SCENARIO: &str = "bench_rdma";
 /// Bench: rounds of (agent-bench --rdma, ibv_ud_pingpong), alternated.
@@ -59,6 +64,31 @@ pub const BENCH_REPORT_INTERVAL_MS: u64 = 1000;
 pub const CHURN_FLOW_LABEL: u32 = 0x1234;
 pub const CHURN_PAIRS: u32 = 2;
 pub const CHURN_CYCLES: u32 = 200;
+
+/// Faults: three rxe devices behind a bridge. The multi-rail agent serves FAULT_DEVICES[0]
+/// (ToR FAULT_TORS[0]) and FAULT_DEVICES[2] (FAULT_TORS[1], a rail of its own), plus
+/// FAULT_NO_GID_DEVICE, whose netdev has no IPv4 address (no GID at the index: skipped);
+/// the peer agent serves FAULT_DEVICES[1] in FAULT_TORS[0].
+pub const FAULT_DEVICES: [&str; 3] = ["rxef0", "rxef1", "rxef2"];
+pub const FAULT_NETDEVS: [&str; 3] = ["vf0", "vf1", "vf2"];
+pub const FAULT_IPS: [Ipv4Addr; 3] = [
+    Ipv4Addr::new(198, 18, 3, 1),
+    Ipv4Addr::new(198, 18, 3, 2),
+    Ipv4Addr::new(198, 18, 3, 3),
+];
+pub const FAULT_TORS: [&str; 2] = ["tor-f0", "tor-f1"];
+pub const FAULT_NO_GID_DEVICE: &str = "rxefx";
+/// A registered RNIC that is on no fabric: its GID never answers ARP.
+pub const FAULT_DEAD_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 3, 99);
+/// Pinglist refresh and analysis window of the fault agents (seconds).
+pub const FAULT_REFRESH_SEC: u64 = 3;
+pub const FAULT_WINDOW_SEC: u64 = 2;
+/// Phases: a dead peer on the pinglist, then FAULT_NETDEVS[2] down, then up again.
+pub const FAULT_DEAD_PHASE_SECS: u64 = 12;
+pub const FAULT_DOWN_SECS: u64 = 8;
+pub const FAULT_AFTER_UP_SECS: u64 = 12;
+/// Bytes of the stray datagram (more than a receive slot: GRH 40 + 64).
+pub const FAULT_OVERSIZE_BYTES: u32 = 1024;
 
 /// The service programs each service scenario runs, by the key used in its JSON.
 pub const SERVICE_PROGRAMS: [&str; 3] = ["rc_pingpong", "rping", "qp_churn"];

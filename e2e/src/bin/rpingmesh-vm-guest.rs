@@ -72,6 +72,7 @@ fn main() {
                 "ud_probing" => ud_probing(&dir).await,
                 "service_kprobe" => service_tracing(&dir, "auto").await,
                 "service_uprobe" => service_tracing(&dir, "uprobe").await,
+                "rdma_faults" => rdma_faults(&dir).await,
                 BENCH_SCENARIO => bench_rdma(&dir).await,
                 _ => bail!("unknown scenario"),
             }
@@ -439,9 +440,12 @@ fn hw_check_rtt(dir: &Path, gid_a: u32, gid_b: u32, round: u32) -> Value {
         if row.len() != 5 {
             bail!("no RTT row in hw-check output: {out}{}", p.stderr());
         }
-        Ok(
-            json!({"probes": row[0], "min_ns": row[1], "p50_ns": row[2], "p99_ns": row[3], "max_ns": row[4]}),
-        )
+        let mut v = json!({"probes": row[0], "min_ns": row[1], "p50_ns": row[2], "p99_ns": row[3], "max_ns": row[4]});
+        if round == 0 {
+            // What an operator sees (the host test checks its parts).
+            v["stdout"] = json!(out);
+        }
+        Ok(v)
     };
     run().unwrap_or_else(|e| json!({ "error": format!("{e:#}") }))
 }
@@ -565,12 +569,32 @@ fn wait_listening(port: u16, timeout: Duration) -> Result<()> {
 /// traffic between the two local addresses leaves by its own device and crosses the
 /// bridge (notes/rdma-vm.md). Idempotent: the second service scenario reuses it.
 fn svc_network() -> Result<BTreeMap<String, u32>> {
-    if Path::new(&format!("/sys/class/infiniband/{}", SVC_DEVICES[1])).exists() {
-        return wait_gids(SVC_DEVICES[1], &[v4_gid(SVC_IPS[1])])
-            .and_then(|_| wait_gids(SVC_DEVICES[0], &[v4_gid(SVC_IPS[0])]));
+    bridged_rxe("brs", &SVC_NETDEVS, &SVC_IPS, &SVC_DEVICES, 20)
+}
+
+/// rxe devices on veths behind one bridge (a "ToR"), each on its own address of one /24,
+/// with the policy routing that makes them talk to each other inside one kernel (see
+/// ../shared/notes/rdma-vm.md). Idempotent. Returns device -> GID index of its address.
+fn bridged_rxe(
+    bridge: &str,
+    netdevs: &[&str],
+    ips: &[std::net::Ipv4Addr],
+    devices: &[&str],
+    table_base: usize,
+) -> Result<BTreeMap<String, u32>> {
+    let gid_indexes = || -> Result<BTreeMap<String, u32>> {
+        let mut all = BTreeMap::new();
+        for (dev, ip) in devices.iter().zip(ips) {
+            let t = wait_gids(dev, &[v4_gid(*ip)])?;
+            all.insert(dev.to_string(), t[&v4_gid(*ip)]);
+        }
+        Ok(all)
+    };
+    if Path::new(&format!("/sys/class/infiniband/{}", devices[0])).exists() {
+        return gid_indexes();
     }
-    sh(&["ip", "link", "add", "brs", "type", "bridge"])?;
-    sh(&["ip", "link", "set", "brs", "up"])?;
+    sh(&["ip", "link", "add", bridge, "type", "bridge"])?;
+    sh(&["ip", "link", "set", bridge, "up"])?;
     for k in ["all", "default"] {
         sysctl(&format!("net.ipv4.conf.{k}.accept_local"), "1")?;
         sysctl(&format!("net.ipv4.conf.{k}.rp_filter"), "0")?;
@@ -581,58 +605,28 @@ fn svc_network() -> Result<BTreeMap<String, u32>> {
         sh(&["ip", "rule", "add", "pref", "100", "lookup", "local"])?;
         sh(&["ip", "rule", "del", "pref", "0"])?;
     }
-    for i in 0..2 {
-        let (v, p, ip) = (SVC_NETDEVS[i], format!("{}p", SVC_NETDEVS[i]), SVC_IPS[i]);
+    let o = ips[0].octets();
+    let subnet = format!("{}.{}.{}.0/24", o[0], o[1], o[2]);
+    for (i, ((v, ip), dev)) in netdevs.iter().zip(ips).zip(devices).enumerate() {
+        let p = format!("{v}p");
         sh(&["ip", "link", "add", v, "type", "veth", "peer", "name", &p])?;
-        sh(&["ip", "link", "set", &p, "master", "brs"])?;
+        sh(&["ip", "link", "set", &p, "master", bridge])?;
         sh(&["ip", "addr", "add", &format!("{ip}/24"), "dev", v])?;
         sysctl(&format!("net.ipv4.conf.{v}.accept_local"), "1")?;
         sysctl(&format!("net.ipv4.conf.{v}.rp_filter"), "0")?;
         sh(&["ip", "link", "set", v, "up"])?;
         sh(&["ip", "link", "set", &p, "up"])?;
-        let table = (20 + i).to_string();
+        let table = (table_base + i).to_string();
+        let src = ip.to_string();
         sh(&[
-            "ip",
-            "route",
-            "add",
-            "198.18.2.0/24",
-            "dev",
-            v,
-            "src",
-            &ip.to_string(),
-            "table",
-            &table,
+            "ip", "route", "add", &subnet, "dev", v, "src", &src, "table", &table,
         ])?;
         sh(&[
-            "ip",
-            "rule",
-            "add",
-            "pref",
-            "10",
-            "from",
-            &ip.to_string(),
-            "iif",
-            "lo",
-            "lookup",
-            &table,
+            "ip", "rule", "add", "pref", "10", "from", &src, "iif", "lo", "lookup", &table,
         ])?;
-        sh(&[
-            "rdma",
-            "link",
-            "add",
-            SVC_DEVICES[i],
-            "type",
-            "rxe",
-            "netdev",
-            v,
-        ])?;
+        sh(&["rdma", "link", "add", dev, "type", "rxe", "netdev", v])?;
     }
-    let mut all = BTreeMap::new();
-    for i in 0..2 {
-        let t = wait_gids(SVC_DEVICES[i], &[v4_gid(SVC_IPS[i])])?;
-        all.insert(SVC_DEVICES[i].to_string(), t[&v4_gid(SVC_IPS[i])]);
-    }
-    Ok(all)
+    gid_indexes()
 }
 
 fn svc_gid_index(device: usize) -> u32 {
@@ -1274,5 +1268,268 @@ async fn bench_rdma(dir: &Path) -> Result<Value> {
         "service_path_latency_ms": latencies_ms,
         "qps": rtr.len(),
         "report_interval_ms": BENCH_REPORT_INTERVAL_MS,
+    }))
+}
+
+// ------------------------------------------------------------------------- faults
+
+/// `rdma -j res show <what>` entries of process `pid`.
+fn res_of_pid(what: &str, pid: u32) -> Value {
+    let all: Value = sh(&["rdma", "-j", "res", "show", what])
+        .ok()
+        .and_then(|s| serde_json::from_str(&s).ok())
+        .unwrap_or(Value::Null);
+    let mine: Vec<Value> = all
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter(|e| e["pid"].as_u64() == Some(pid as u64))
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default();
+    json!(mine)
+}
+
+/// `rdma link show <device>`'s state (ACTIVE, DOWN).
+fn link_state(device: &str) -> String {
+    sh(&["rdma", "-j", "link", "show", &format!("{device}/1")])
+        .ok()
+        .and_then(|s| serde_json::from_str::<Value>(&s).ok())
+        .and_then(|v| v[0]["state"].as_str().map(String::from))
+        .unwrap_or_default()
+}
+
+/// Keeps an RNIC registered whose GID is on no fabric (a dead host the controller still
+/// lists), re-registering it like an agent would, until the task is aborted.
+fn register_ghost(endpoint: String) -> tokio::task::JoinHandle<()> {
+    use rpingmesh_proto::controller_agent::{AgentRegistrationRequest, RnicInfo};
+    tokio::spawn(async move {
+        loop {
+            if let Ok(mut c) = controller_client(&endpoint).await {
+                let _ = c
+                    .register_agent(AgentRegistrationRequest {
+                        agent_id: "ghost".into(),
+                        agent_ip: FAULT_DEAD_IP.to_string(),
+                        hostname: "ghost".into(),
+                        tor_id: FAULT_TORS[0].into(),
+                        rnics: vec![RnicInfo {
+                            gid: v4_gid(FAULT_DEAD_IP),
+                            qpn: 4242,
+                            ip_address: FAULT_DEAD_IP.to_string(),
+                            host_name: "ghost".into(),
+                            tor_id: FAULT_TORS[0].into(),
+                            device_name: "ghost0".into(),
+                        }],
+                    })
+                    .await;
+            }
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+    })
+}
+
+/// What production does to the rdma transport, on one running fleet:
+/// 1. a dead peer (registered, never on the fabric) on every ToR-mesh pinglist;
+/// 2. the port of one of the multi-rail agent's RNICs goes down and comes back;
+/// 3. a datagram larger than a receive slot, with our Q_Key, to the peer's QP;
+/// 4. the multi-rail agent killed with -9: what it leaves in `rdma res`.
+///
+/// The host test reads the windows (each with its start time) against the phase times.
+async fn rdma_faults(dir: &Path) -> Result<Value> {
+    let table = bridged_rxe("brf", &FAULT_NETDEVS, &FAULT_IPS, &FAULT_DEVICES, 30)?;
+    let gid_index = table[FAULT_DEVICES[0]];
+    if FAULT_DEVICES.iter().any(|d| table[*d] != gid_index) {
+        bail!("fault devices disagree on the GID index of their address: {table:?}");
+    }
+    // A device whose netdev has no IPv4 address: no GID at that index.
+    if !Path::new(&format!("/sys/class/infiniband/{FAULT_NO_GID_DEVICE}")).exists() {
+        sh(&["ip", "link", "add", "vfx", "type", "dummy"])?;
+        sh(&["ip", "link", "set", "vfx", "up"])?;
+        sh(&[
+            "rdma",
+            "link",
+            "add",
+            FAULT_NO_GID_DEVICE,
+            "type",
+            "rxe",
+            "netdev",
+            "vfx",
+        ])?;
+    }
+    let ctl = spawn_controller(
+        dir,
+        "controller",
+        None,
+        "127.0.0.1:0",
+        &["--metrics-enabled", "false"],
+    )?;
+    let ghost = register_ghost(ctl.endpoint());
+    let common = [
+        ("--service-tracing-mode", "off".to_string()),
+        ("--analysis-window-sec", FAULT_WINDOW_SEC.to_string()),
+        (
+            "--pinglist-update-interval-sec",
+            FAULT_REFRESH_SEC.to_string(),
+        ),
+        ("--tor-mesh-probe-rate-per-second", "20".into()),
+        ("--inter-tor-probe-rate-per-second", "20".into()),
+    ];
+    let multi_devices = format!(
+        "{},{},{}",
+        FAULT_DEVICES[0], FAULT_DEVICES[2], FAULT_NO_GID_DEVICE
+    );
+    let device_tors = format!(
+        "{}={},{}={},{}=tor-x",
+        FAULT_DEVICES[0], FAULT_TORS[0], FAULT_DEVICES[2], FAULT_TORS[1], FAULT_NO_GID_DEVICE
+    );
+    let mut multi_extra = common.to_vec();
+    multi_extra.push(("--device-tor-ids", device_tors));
+    let mut multi = rdma_agent(
+        dir,
+        "multi",
+        FAULT_TORS[0],
+        &ctl,
+        &multi_devices,
+        gid_index,
+        &multi_extra,
+    )?;
+    let mut peer = rdma_agent(
+        dir,
+        "peer",
+        FAULT_TORS[0],
+        &ctl,
+        FAULT_DEVICES[1],
+        gid_index,
+        &common,
+    )?;
+    // ghost + multi's two RNICs + peer's one.
+    wait_rnics(&ctl.endpoint(), 4, Duration::from_secs(90)).await?;
+    let mut op = operator(&ctl.endpoint()).await?;
+    let rnics: Vec<Value> = list_rnics(&mut op)
+        .await?
+        .iter()
+        .filter_map(|r| r.rnic.as_ref().map(|n| (r, n)))
+        .map(|(r, n)| {
+            json!({"agent_id": r.agent_id, "device": n.device_name, "gid": n.gid,
+                   "qpn": n.qpn, "tor_id": n.tor_id})
+        })
+        .collect();
+    let peer_qpn = rnics
+        .iter()
+        .find(|r| r["agent_id"] == "peer")
+        .and_then(|r| r["qpn"].as_u64())
+        .context("peer's RNIC not listed")?;
+    let mut phases = BTreeMap::new();
+    phases.insert("registered", unix_ns_now());
+
+    // 1. The dead peer is on the ToR-mesh lists from the first refresh on.
+    tokio::time::sleep(Duration::from_secs(FAULT_DEAD_PHASE_SECS)).await;
+
+    // 2. Port down under the running agent, then up.
+    phases.insert("port_down", unix_ns_now());
+    sh(&["ip", "link", "set", FAULT_NETDEVS[2], "down"])?;
+    let down_state = wait_for(Duration::from_secs(10), Duration::from_millis(100), || {
+        let s = link_state(FAULT_DEVICES[2]);
+        async move { (s == "DOWN").then_some(s) }
+    })
+    .await
+    .unwrap_or_else(|| link_state(FAULT_DEVICES[2]));
+    tokio::time::sleep(Duration::from_secs(FAULT_DOWN_SECS)).await;
+    phases.insert("port_up", unix_ns_now());
+    sh(&["ip", "link", "set", FAULT_NETDEVS[2], "up"])?;
+    let up_state = wait_for(Duration::from_secs(20), Duration::from_millis(100), || {
+        let s = link_state(FAULT_DEVICES[2]);
+        async move { (s == "ACTIVE").then_some(s) }
+    })
+    .await
+    .unwrap_or_else(|| link_state(FAULT_DEVICES[2]));
+    phases.insert("port_active", unix_ns_now());
+    tokio::time::sleep(Duration::from_secs(FAULT_AFTER_UP_SECS)).await;
+
+    // 3. A datagram bigger than a receive slot, with our Q_Key, to the peer's QP.
+    phases.insert("oversize", unix_ns_now());
+    let stray = Command::new(bin("rdma-qp-churn"))
+        .args([
+            "--dev-a",
+            FAULT_DEVICES[0],
+            "--gid-a",
+            &gid_index.to_string(),
+            "--ud-to-gid",
+            &FAULT_IPS[1].to_string(),
+            "--ud-to-qpn",
+            &peer_qpn.to_string(),
+            "--ud-size",
+            &FAULT_OVERSIZE_BYTES.to_string(),
+            "--ud-count",
+            "3",
+        ])
+        .output()
+        .context("running rdma-qp-churn --ud-to-gid")?;
+    let stray = json!({
+        "status": stray.status.code(),
+        "stdout": String::from_utf8_lossy(&stray.stdout),
+        "stderr": String::from_utf8_lossy(&stray.stderr),
+    });
+    tokio::time::sleep(Duration::from_secs(3 * FAULT_WINDOW_SEC)).await;
+    let peer_qps_after = res_of_pid("qp", peer.pid());
+    phases.insert("end", unix_ns_now());
+
+    // 4. -9: the kernel must release everything the agent held.
+    let multi_pid = multi.pid();
+    let before_kill = json!({
+        "qp": res_of_pid("qp", multi_pid), "mr": res_of_pid("mr", multi_pid),
+        "pd": res_of_pid("pd", multi_pid), "cq": res_of_pid("cq", multi_pid),
+    });
+    multi.signal(libc::SIGKILL);
+    let _ = multi.wait_exit(Duration::from_secs(10));
+    let after_kill = wait_for(Duration::from_secs(10), Duration::from_millis(200), || {
+        let v = json!({
+            "qp": res_of_pid("qp", multi_pid), "mr": res_of_pid("mr", multi_pid),
+            "pd": res_of_pid("pd", multi_pid), "cq": res_of_pid("cq", multi_pid),
+        });
+        async move {
+            ["qp", "mr", "pd", "cq"]
+                .iter()
+                .all(|k| v[*k].as_array().is_some_and(|a| a.is_empty()))
+                .then_some(v)
+        }
+    })
+    .await
+    .unwrap_or_else(
+        || json!({"qp": res_of_pid("qp", multi_pid), "mr": res_of_pid("mr", multi_pid)}),
+    );
+
+    Proc::stop_all([&mut peer]);
+    ghost.abort();
+    let windows: Vec<Value> = dedupe(all_windows(&mut op).await?)
+        .iter()
+        .map(summary_json)
+        .collect();
+    let logs: BTreeMap<String, Value> = [&multi, &peer]
+        .iter()
+        .map(|a| {
+            let log = a.stderr();
+            let lines: Vec<&str> = log
+                .lines()
+                .filter(|l| !l.contains("\"level\":\"DEBUG\""))
+                .collect();
+            (a.name.clone(), json!(lines))
+        })
+        .collect();
+    Ok(json!({
+        "gid_index": gid_index,
+        "rnics": rnics,
+        "dead_gid": v4_gid(FAULT_DEAD_IP),
+        "phases_unix_ns": phases,
+        "link_state_down": down_state,
+        "link_state_up": up_state,
+        "stray": stray,
+        "peer_qpn": peer_qpn,
+        "peer_qps_after_stray": peer_qps_after,
+        "killed_before": before_kill,
+        "killed_after": after_kill,
+        "windows": windows,
+        "logs": logs,
     }))
 }

@@ -174,7 +174,7 @@ fn completion_to_event(ops: usize) -> f64 {
             wc_flags: WC_FLAG_GRH,
             ts_ns: i as u64,
         };
-        match translate(black_box(&rec), &buf) {
+        match translate(black_box(&rec), &buf, buf.len()) {
             WcOutcome::Event { event, .. } => {
                 if tx.push(event).is_err() {
                     unreachable!("the consumer keeps the ring empty");

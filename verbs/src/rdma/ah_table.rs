@@ -88,6 +88,9 @@ pub struct AhTable<H> {
     cache: AhCache<Slot<H>>,
     pending: HashSet<AhKey>,
     failed: HashMap<Ipv6Addr, GidFailure>,
+    /// GIDs whose last resolution worked: their neighbour is known, so another handle
+    /// for them (a new flow label) is made at once, never waiting behind a dead peer.
+    known: HashSet<Ipv6Addr>,
     max_age_ns: u64,
     configured_capacity: usize,
     stats: AhTableStats,
@@ -99,6 +102,7 @@ impl<H> AhTable<H> {
             cache: AhCache::new(capacity),
             pending: HashSet::new(),
             failed: HashMap::new(),
+            known: HashSet::new(),
             max_age_ns: max_age_ns.max(1),
             configured_capacity: capacity.max(1),
             stats: AhTableStats::default(),
@@ -171,6 +175,11 @@ impl<H> AhTable<H> {
         Lookup::Miss
     }
 
+    /// True when the last resolution for `gid` worked (see `known`).
+    pub fn gid_known(&self, gid: &Ipv6Addr) -> bool {
+        self.known.contains(gid)
+    }
+
     /// The handle for `key`, without counting a lookup.
     pub fn peek(&mut self, key: &AhKey) -> Option<&H> {
         self.cache.peek_mut(key).map(|s| &s.handle)
@@ -201,6 +210,7 @@ impl<H> AhTable<H> {
             Ok(handle) => {
                 self.stats.resolutions += 1;
                 self.failed.remove(&key.gid);
+                self.known.insert(key.gid);
                 let slot = Slot {
                     handle,
                     created_ns: now_ns,
@@ -222,6 +232,7 @@ impl<H> AhTable<H> {
                     slot.lost = false;
                     return Resolved::KeptOld;
                 }
+                self.known.remove(&key.gid);
                 let f = self.failed.entry(key.gid).or_insert(GidFailure {
                     until_ns: 0,
                     failures: 0,
@@ -297,6 +308,7 @@ mod tests {
         }
         // Other GIDs are untouched.
         assert_eq!(t.lookup(&key(1, 1), S + 1), Lookup::Miss);
+        assert!(!t.gid_known(&key(9, 1).gid));
         // After the wait one try; its failure doubles the wait.
         let t1 = S + FAILURE_RETRY_NS;
         assert_eq!(t.lookup(&key(9, 2), t1), Lookup::Miss);
@@ -321,6 +333,7 @@ mod tests {
         }
         // A success clears the GID's record.
         t.resolved(key(9, 2), Ok(1), now);
+        assert!(t.gid_known(&key(9, 2).gid));
         assert_eq!(t.lookup(&key(9, 3), now), Lookup::Miss);
         assert_eq!(t.stats().unreachable_sends, 2);
     }

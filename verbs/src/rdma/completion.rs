@@ -173,9 +173,12 @@ fn ipv4_header_checksum_ok(h: &[u8]) -> bool {
     sum == 0xFFFF
 }
 
-/// Translates one completion. `recv_buf` is the receive slot's bytes (GRH + payload) for
-/// receive completions and ignored for sends.
-pub fn translate(rec: &WcRecord, recv_buf: &[u8]) -> WcOutcome {
+/// Translates one completion. `recv_buf` is the start of the receive slot (GRH + as much
+/// payload as was copied, at most `PAYLOAD_LEN`) for receive completions, `slot_len` the
+/// slot's size; both are ignored for sends. Slots are a whole MTU long, so that no
+/// datagram can overflow one (rxe puts a UD QP in the error state when one does); what
+/// is longer than a probe is delivered with its true length and dropped by the agent.
+pub fn translate(rec: &WcRecord, recv_buf: &[u8], slot_len: usize) -> WcOutcome {
     let kind = WrKind::from_wr_id(rec.wr_id);
     if rec.status != WC_SUCCESS {
         let what = match kind {
@@ -223,11 +226,10 @@ pub fn translate(rec: &WcRecord, recv_buf: &[u8]) -> WcOutcome {
                 };
             }
             let byte_len = rec.byte_len as usize;
-            if byte_len < GRH_LEN || byte_len > recv_buf.len() {
+            if byte_len < GRH_LEN || byte_len > slot_len || recv_buf.len() < GRH_LEN {
                 return WcOutcome::Malformed {
                     reason: format!(
-                        "receive slot {slot}: byte_len {byte_len} outside {GRH_LEN}..={}",
-                        recv_buf.len()
+                        "receive slot {slot}: byte_len {byte_len} outside {GRH_LEN}..={slot_len}"
                     ),
                     repost,
                 };
@@ -241,7 +243,7 @@ pub fn translate(rec: &WcRecord, recv_buf: &[u8]) -> WcOutcome {
                     }
                 }
             };
-            let payload = &recv_buf[GRH_LEN..byte_len];
+            let payload = &recv_buf[GRH_LEN..byte_len.min(recv_buf.len())];
             let mut data = [0u8; PAYLOAD_LEN];
             let n = payload.len().min(PAYLOAD_LEN);
             data[..n].copy_from_slice(&payload[..n]);
@@ -251,7 +253,7 @@ pub fn translate(rec: &WcRecord, recv_buf: &[u8]) -> WcOutcome {
                         gid,
                         qpn: rec.src_qp & 0xFF_FFFF,
                     },
-                    len: payload.len(),
+                    len: byte_len - GRH_LEN,
                     data,
                     rx_ts_ns: Some(rec.ts_ns),
                     flow_label,
@@ -349,7 +351,7 @@ pub(crate) mod tests {
             grh_v4(Ipv4Addr::new(10, 0, 0, 7), Ipv4Addr::new(10, 0, 0, 8), 0x60),
             &payload,
         );
-        match translate(&recv_rec(5, 80, 0x00_0123), &b) {
+        match translate(&recv_rec(5, 80, 0x00_0123), &b, GRH_LEN + PAYLOAD_LEN) {
             WcOutcome::Event {
                 event:
                     TransportEvent::Received {
@@ -386,7 +388,7 @@ pub(crate) mod tests {
             grh_v6(src, "fd00::1:8".parse().unwrap(), 0xABCDE, 0x68),
             &[9; 40],
         );
-        let out = translate(&recv_rec(0, 80, 0xFF00_0042), &b);
+        let out = translate(&recv_rec(0, 80, 0xFF00_0042), &b, GRH_LEN + PAYLOAD_LEN);
         let WcOutcome::Event {
             event:
                 TransportEvent::Received {
@@ -425,7 +427,7 @@ pub(crate) mod tests {
             ts_ns: 123,
         };
         assert_eq!(
-            translate(&rec, &[]),
+            translate(&rec, &[], GRH_LEN + PAYLOAD_LEN),
             WcOutcome::Event {
                 event: TransportEvent::Sent {
                     id: 41,
@@ -441,7 +443,7 @@ pub(crate) mod tests {
         let mut rec = recv_rec(3, 0, 0);
         rec.status = WC_WR_FLUSH_ERR;
         assert_eq!(
-            translate(&rec, &[]),
+            translate(&rec, &[], GRH_LEN + PAYLOAD_LEN),
             WcOutcome::Failed {
                 kind: WrKind::Recv(3),
                 status: 5,
@@ -457,7 +459,7 @@ pub(crate) mod tests {
             wc_flags: 0,
             ts_ns: 0,
         };
-        let WcOutcome::Failed { reason, .. } = translate(&rec, &[]) else {
+        let WcOutcome::Failed { reason, .. } = translate(&rec, &[], GRH_LEN + PAYLOAD_LEN) else {
             panic!()
         };
         assert_eq!(
@@ -477,7 +479,7 @@ pub(crate) mod tests {
         let mut r = recv_rec(1, 80, 1);
         r.wc_flags = 0;
         assert_eq!(
-            translate(&r, &good),
+            translate(&r, &good, GRH_LEN + PAYLOAD_LEN),
             WcOutcome::Malformed {
                 reason: "receive slot 1 has no GRH (not RoCE?)".into(),
                 repost: Some(1)
@@ -485,7 +487,7 @@ pub(crate) mod tests {
         );
         // Shorter than a GRH, or longer than the buffer.
         for bl in [39u32, 200] {
-            let out = translate(&recv_rec(2, bl, 1), &good);
+            let out = translate(&recv_rec(2, bl, 1), &good, GRH_LEN + PAYLOAD_LEN);
             let WcOutcome::Malformed { reason, repost } = out else {
                 panic!()
             };
@@ -494,7 +496,9 @@ pub(crate) mod tests {
         }
         // Neither header: zeroed GRH area.
         let zero = buf([0; 40], &[1; 40]);
-        let WcOutcome::Malformed { reason, .. } = translate(&recv_rec(4, 80, 1), &zero) else {
+        let WcOutcome::Malformed { reason, .. } =
+            translate(&recv_rec(4, 80, 1), &zero, GRH_LEN + PAYLOAD_LEN)
+        else {
             panic!()
         };
         assert!(
@@ -523,13 +527,36 @@ pub(crate) mod tests {
         let mut r = recv_rec(6, 80, 1);
         r.opcode = WC_OPCODE_SEND;
         assert!(matches!(
-            translate(&r, &good),
+            translate(&r, &good, GRH_LEN + PAYLOAD_LEN),
             WcOutcome::Malformed {
                 repost: Some(6),
                 ..
             }
         ));
         assert!(grh_source(&[0; 10]).unwrap_err().contains("10 bytes"));
+    }
+
+    #[test]
+    fn a_datagram_longer_than_a_probe_keeps_its_length() {
+        // A 1024-byte stray in a 1064-byte slot: delivered with its true length (the
+        // agent drops it as malformed), only the head was copied.
+        let b = buf(
+            grh_v4(Ipv4Addr::new(10, 1, 1, 1), Ipv4Addr::new(10, 1, 1, 2), 0),
+            &[0x5A; 64],
+        );
+        let WcOutcome::Event {
+            event: TransportEvent::Received { len, data, .. },
+            repost,
+        } = translate(&recv_rec(3, 40 + 1024, 7), &b, 40 + 1024)
+        else {
+            panic!()
+        };
+        assert_eq!((len, data[63], repost), (1024, 0x5A, Some(3)));
+        // Beyond the slot the HCA cannot have written it: malformed.
+        assert!(matches!(
+            translate(&recv_rec(3, 40 + 1025, 7), &b, 40 + 1024),
+            WcOutcome::Malformed { .. }
+        ));
     }
 
     #[test]
@@ -541,7 +568,7 @@ pub(crate) mod tests {
         let WcOutcome::Event {
             event: TransportEvent::Received { len, .. },
             ..
-        } = translate(&recv_rec(0, 40, 7), &b)
+        } = translate(&recv_rec(0, 40, 7), &b, GRH_LEN + PAYLOAD_LEN)
         else {
             panic!()
         };

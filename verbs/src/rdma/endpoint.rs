@@ -14,7 +14,7 @@ use tokio::sync::Notify;
 
 use super::ah_cache::AhKey;
 use super::ah_table::{AhTable, Lookup, Resolved};
-use super::completion::{translate, WcOutcome, WcRecord, WrKind, WC_WR_FLUSH_ERR};
+use super::completion::{translate, WcOutcome, WcRecord, WrKind, GRH_LEN, WC_WR_FLUSH_ERR};
 use super::error::RdmaError;
 use super::ffi::{self, Ah, AhSpec, CompChannel, Context, Cq, DeviceCaps, Mr, Pd, Qp};
 use super::nic_clock::NicClock;
@@ -30,6 +30,10 @@ const HEALTH_INTERVAL: Duration = Duration::from_millis(500);
 const POLL_BATCH: usize = 32;
 /// Sends parked per path while its address handle is being made.
 const PARKED_PER_PATH: usize = 16;
+/// Resolver threads for GIDs not known to work (new peers, retries, refreshes): each may
+/// sit a second in a dead neighbour's ARP timeout, so several serve side by side. One
+/// more thread makes handles for known GIDs (a new flow label), which never block.
+const SLOW_RESOLVERS: usize = 3;
 
 /// The largest power of two <= n (n >= 1).
 fn pow2_floor(n: u32) -> u32 {
@@ -95,6 +99,8 @@ struct Shared {
     send_depth: u64,
     software_ts: bool,
     sysfs_dir: std::path::PathBuf,
+    /// Bytes per receive slot: GRH + the port's MTU, so no datagram overflows a slot.
+    recv_slot_len: usize,
     notify: Notify,
     stop: AtomicBool,
     /// False between IBV_EVENT_PORT_ERR and IBV_EVENT_PORT_ACTIVE: sends fail at once.
@@ -120,9 +126,10 @@ struct Shared {
 
 impl Shared {
     fn fail(&self, e: RdmaError) {
-        tracing::error!("{e}");
         let mut f = self.failure.lock().unwrap_or_else(|p| p.into_inner());
+        // One line per failure: the flush errors that follow a QP error repeat it.
         if f.is_none() {
+            tracing::error!("{e}");
             *f = Some(e);
         }
         self.failed.store(true, Ordering::Release);
@@ -234,7 +241,9 @@ pub struct RdmaEndpoint {
     // may sit in a one-second ibv_create_ah): closing its channel ends it, and it holds
     // its own reference to the verbs objects until then.
     poller: Option<JoinHandle<()>>,
-    resolver: mpsc::Sender<AhRequest>,
+    /// Requests for GIDs that resolved before / for the others (see SLOW_RESOLVERS).
+    fast_resolver: mpsc::Sender<AhRequest>,
+    slow_resolvers: mpsc::Sender<AhRequest>,
     events: Mutex<Consumer<TransportEvent>>,
     shared: Arc<Shared>,
     local: Endpoint,
@@ -338,13 +347,18 @@ impl RdmaEndpoint {
         };
 
         let qp = Qp::create_ud(&pd, &cq, o.port, QKEY, send_depth, recv_n)?;
-        let recv_mr = Mr::register(&pd, recv_n as usize * RECV_SLOT_LEN)?;
+        // A UD datagram larger than its receive buffer fails the receive, and rxe then
+        // moves the whole QP to the error state: any stranger with our Q_Key could knock
+        // the endpoint out. A slot of GRH + MTU holds whatever the port can deliver.
+        let mtu = ctx.active_mtu_bytes(o.port).unwrap_or(4096);
+        let recv_slot_len = GRH_LEN + mtu.max(MAX_PAYLOAD);
+        let recv_mr = Mr::register(&pd, recv_n as usize * recv_slot_len)?;
         let send_mr = Mr::register(&pd, send_depth as usize * MAX_PAYLOAD)?;
         for slot in 0..recv_n {
             qp.post_recv(
                 &recv_mr,
-                slot as usize * RECV_SLOT_LEN,
-                RECV_SLOT_LEN,
+                slot as usize * recv_slot_len,
+                recv_slot_len,
                 WrKind::Recv(slot).to_wr_id(),
             )?;
         }
@@ -393,6 +407,7 @@ impl RdmaEndpoint {
             send_depth: send_depth as u64,
             software_ts: ts_source == TimestampSource::Software,
             sysfs_dir: o.sysfs_dir.clone(),
+            recv_slot_len,
             notify: Notify::new(),
             stop: AtomicBool::new(false),
             port_active: AtomicBool::new(true),
@@ -426,14 +441,32 @@ impl RdmaEndpoint {
             .name(format!("rdma-poll-{}", o.device_name))
             .spawn(move || poller.run())
             .map_err(spawn_err)?;
-        let (resolver, requests) = mpsc::channel();
-        let resolver_shared = shared.clone();
-        let resolver_thread = std::thread::Builder::new()
-            .name(format!("rdma-ah-{}", o.device_name))
-            .spawn(move || run_resolver(resolver_shared, requests));
+        let (fast_resolver, fast_requests) = mpsc::channel::<AhRequest>();
+        let (slow_resolvers, slow_requests) = mpsc::channel::<AhRequest>();
+        let slow_requests = Arc::new(Mutex::new(slow_requests));
+        let mut resolver_threads = Vec::new();
+        let sh = shared.clone();
+        resolver_threads.push(
+            std::thread::Builder::new()
+                .name(format!("rdma-ah-{}", o.device_name))
+                .spawn(move || run_resolver(sh, || fast_requests.recv().ok())),
+        );
+        for i in 0..SLOW_RESOLVERS {
+            let (sh, rx) = (shared.clone(), slow_requests.clone());
+            resolver_threads.push(
+                std::thread::Builder::new()
+                    .name(format!("rdma-ah{i}-{}", o.device_name))
+                    .spawn(move || {
+                        run_resolver(sh, || {
+                            rx.lock().unwrap_or_else(|p| p.into_inner()).recv().ok()
+                        })
+                    }),
+            );
+        }
         let endpoint = RdmaEndpoint {
             poller: Some(handle),
-            resolver,
+            fast_resolver,
+            slow_resolvers,
             events: Mutex::new(consumer),
             shared,
             local,
@@ -442,7 +475,9 @@ impl RdmaEndpoint {
             gid_warning,
         };
         // On failure the endpoint is dropped here, which stops its poller.
-        resolver_thread.map_err(spawn_err)?;
+        for t in resolver_threads {
+            t.map_err(spawn_err)?;
+        }
         tracing::info!(
             "rdma device {} port {}: gid[{}] {} qpn {} timestamps {:?}",
             o.device_name,
@@ -584,13 +619,15 @@ impl RdmaEndpoint {
         let park = match ahs.lookup(&key, now) {
             Lookup::Hit { handle, refresh } => {
                 if refresh {
-                    self.request_ah(key);
+                    // Possibly a neighbour gone bad: not on the fast lane.
+                    self.request_ah(key, false);
                 }
                 self.shared.post(handle, posted, to.qpn, payload, id)?;
                 false
             }
             Lookup::Miss => {
-                self.request_ah(key);
+                let known = ahs.gid_known(&key.gid);
+                self.request_ah(key, known);
                 true
             }
             Lookup::Pending => true,
@@ -635,7 +672,7 @@ impl RdmaEndpoint {
         Ok(id)
     }
 
-    fn request_ah(&self, key: AhKey) {
+    fn request_ah(&self, key: AhKey, fast: bool) {
         let spec = AhSpec {
             dgid: key.gid,
             flow_label: key.flow_label,
@@ -645,8 +682,13 @@ impl RdmaEndpoint {
             service_level: key.service_level,
             port: self.shared.port,
         };
-        // Fails only when the resolver is gone, i.e. the endpoint is being dropped.
-        let _ = self.resolver.send(AhRequest { key, spec });
+        let lane = if fast {
+            &self.fast_resolver
+        } else {
+            &self.slow_resolvers
+        };
+        // Fails only when the resolvers are gone, i.e. the endpoint is being dropped.
+        let _ = lane.send(AhRequest { key, spec });
     }
 
     /// Non-blocking: appends every queued event. Err once the endpoint failed and all
@@ -696,8 +738,8 @@ impl RdmaEndpoint {
 /// The AH resolver thread: makes each requested address handle (this is where a dead
 /// peer's one-second neighbour timeout is spent, on nobody's send path), then posts the
 /// sends parked for it or fails them.
-fn run_resolver(shared: Arc<Shared>, requests: mpsc::Receiver<AhRequest>) {
-    for req in requests {
+fn run_resolver(shared: Arc<Shared>, mut next: impl FnMut() -> Option<AhRequest>) {
+    while let Some(req) = next() {
         if shared.stop.load(Ordering::Acquire) {
             break;
         }
@@ -901,11 +943,12 @@ impl Poller {
             for (mut rec, raw) in batch.drain(..) {
                 let kind = WrKind::from_wr_id(rec.wr_id);
                 rec.ts_ns = self.timestamp(kind, raw, sw_ts);
+                // Only the head of a receive: the GRH and what a probe can hold.
+                let head = (rec.byte_len as usize).min(slot_buf.len());
                 let slot = match kind {
-                    WrKind::Recv(s) if s < self.recv_slots => {
-                        self.shared
-                            .recv_mr
-                            .read(s as usize * RECV_SLOT_LEN, slot_buf);
+                    WrKind::Recv(s) if s < self.recv_slots && rec.status == 0 => {
+                        let off = s as usize * self.shared.recv_slot_len;
+                        self.shared.recv_mr.read(off, &mut slot_buf[..head]);
                         Some(s)
                     }
                     _ => None,
@@ -913,8 +956,12 @@ impl Poller {
                 if matches!(kind, WrKind::Send { .. }) {
                     self.shared.sends_completed.fetch_add(1, Ordering::Release);
                 }
-                let buf: &[u8] = if slot.is_some() { slot_buf } else { &[] };
-                match translate(&rec, buf) {
+                let buf: &[u8] = if slot.is_some() {
+                    &slot_buf[..head]
+                } else {
+                    &[]
+                };
+                match translate(&rec, buf, self.shared.recv_slot_len) {
                     WcOutcome::Event { event, repost } => {
                         // A full ring drops (and counts) rather than stall the CQ.
                         let _ = self.out.push(event);
@@ -979,10 +1026,11 @@ impl Poller {
 
     fn repost(&self, slot: Option<u32>) {
         if let Some(s) = slot {
+            let len = self.shared.recv_slot_len;
             let r = self.shared.qp.post_recv(
                 &self.shared.recv_mr,
-                s as usize * RECV_SLOT_LEN,
-                RECV_SLOT_LEN,
+                s as usize * len,
+                len,
                 WrKind::Recv(s).to_wr_id(),
             );
             if let Err(e) = r {

@@ -204,6 +204,18 @@ impl Context {
         Ok(Ipv6Addr::from(unsafe { gid.raw }))
     }
 
+    /// The port's active MTU in bytes (the largest UD payload it can carry).
+    pub fn active_mtu_bytes(&self, port: u8) -> Result<usize, RdmaError> {
+        // SAFETY: zeroed plain struct the call fills.
+        let mut attr: ibv_port_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: valid context; `attr` outlives the call.
+        let r = unsafe { ___ibv_query_port(self.ctx.as_ptr(), port, &mut attr) };
+        rc(&self.name, "ibv_query_port", r)?;
+        // enum ibv_mtu: 1 = 256 ... 5 = 4096.
+        let code = attr.active_mtu as u32;
+        Ok(128usize << code.clamp(1, 5))
+    }
+
     /// The async-event fd (readable when an async event is pending).
     pub fn async_fd(&self) -> i32 {
         // SAFETY: valid context.
