@@ -673,11 +673,16 @@ fn render_markdown(
                 against libibverbs' own ibv_ud_pingpong between the same two GIDs, busy-polling and sleeping on completion events (-e); rounds alternated, medians. \
                 A probe is three datagrams (probe, two ACKs) where a ping-pong round trip is two, and the agent sleeps on completion channels where the busy ping-pong spins. \
                 service_path_latency: from each QP's ibv_modify_qp to RTR (stamped by rdma-qp-churn) until the controller lists its service path, agents in kprobe mode, \
-                sampled every 20 ms; bounded by the agent's service_flow_report_interval_ms"
+                sampled every 20 ms; bounded by the agent's service_flow_report_interval_ms. \
+                agent_cpu_rdma_vs_udp: a prober agent (640 probes/s offered to one target: the packet rate of 64 targets x 10/s, with one address handle instead of 64) and a responder-only agent, \
+                real processes between the same two addresses, on rdma (rxe) and then on udp in the same guest; CPU is utime+stime from /proc over 10 s; \
+                under TCG the kernel's rxe work runs in softirq and is billed partly to whoever is on the CPU. \
+                dead_peer_cost: the same rdma pair, the live target's probes/s alone vs with a registered dead GID (ibv_create_ah times out after about a second) on the prober's pinglist at the same rate"
             ,
-            "verbs-bench" => "rdma backend without hardware: the address-handle cache hit every send pays vs a plain HashMap lookup, and completion -> event (translate + SPSC ring push/pop) vs a plain VecDeque push/pop, same run. \
+            "verbs-bench" => "rdma backend without hardware: the address-handle lookup every send pays (AhTable: LRU hit plus the age and loss checks) vs a plain HashMap lookup, and completion -> event (translate + SPSC ring push/pop) vs a plain VecDeque push/pop, same run. \
                 The Go/Zig version calls ibv_create_ah for every probe it sends (a verbs call into the provider, on most NICs a kernel or firmware command); \
-                ours creates one AH per (GID, flow label, SL, TC) path and reuses it from this LRU, so the per-send cost is the lookup below",
+                ours creates one AH per (GID, flow label, SL, TC) path off the send path and reuses it, so the per-send cost is the lookup below. \
+                ah_hit_rate: 4 probe rounds over 256 targets x 64 flow labels, with the cache at its default 4096 entries (every round evicts what the next needs) vs sized to the pinglist as the agent does",
             _ => "",
         };
         let _ = writeln!(s, "## `{bin}`\n\n{what}.\n");

@@ -232,6 +232,7 @@ pub fn rdma_lines(v: &Value) -> Result<Vec<Map<String, Value>>> {
     ];
     Ok(lines
         .into_iter()
+        .chain(load_lines(&v["load"]))
         .map(|l| match l {
             Value::Object(m) => m,
             _ => unreachable!("json! of an object"),
@@ -239,9 +240,105 @@ pub fn rdma_lines(v: &Value) -> Result<Vec<Map<String, Value>>> {
         .collect())
 }
 
+/// Live-target probes/s of the prober within `[from, to)`, from the windows (a window
+/// counts when it lies inside the phase; the dead GID's windows are left out).
+fn live_rate(windows: &[Value], from: u64, to: u64, dead_gid: &str) -> f64 {
+    let (mut probes, mut ms) = (0.0, 0.0);
+    for w in windows {
+        let start = w["window_start_unix_ns"].as_u64().unwrap_or(0);
+        let dur = w["window_duration_ms"].as_u64().unwrap_or(0);
+        if start < from || start + dur * 1_000_000 > to || w["target_gid"] == dead_gid {
+            continue;
+        }
+        probes += w["probe_total"].as_f64().unwrap_or(0.0);
+        ms += dur as f64;
+    }
+    if ms > 0.0 {
+        probes / (ms / 1000.0)
+    } else {
+        0.0
+    }
+}
+
+/// The load runs of `bench_rdma` (agent CPU on rdma vs udp, the cost of a dead peer);
+/// nothing when the guest did not run them (pure).
+pub fn load_lines(load: &Value) -> Vec<Value> {
+    const DEAD_GID: &str = "0000:0000:0000:0000:0000:ffff:c612:0363";
+    let phase = |t: &str, name: &str| -> Option<(f64, f64, f64)> {
+        let p = load[t]["phases"]
+            .as_array()?
+            .iter()
+            .find(|p| p["phase"] == name)?;
+        let w = load[t]["windows"].as_array()?;
+        let rate = live_rate(
+            w,
+            p["from_unix_ns"].as_u64()?,
+            p["to_unix_ns"].as_u64()?,
+            DEAD_GID,
+        );
+        Some((
+            p["prober_cpu_pct"].as_f64()?,
+            p["responder_cpu_pct"].as_f64()?,
+            rate,
+        ))
+    };
+    let mut out = Vec::new();
+    let offered = load["probes_per_sec"].as_f64().unwrap_or(0.0);
+    let (Some(r), Some(u)) = (phase("rdma", "alone"), phase("udp", "alone")) else {
+        return out;
+    };
+    for (t, (pc, rc, rate)) in [("rdma", r), ("udp", u)] {
+        out.push(json!({"bench": "agent_cpu_rdma_vs_udp", "transport": t,
+            "probes_per_sec_offered": offered, "probes_per_sec_achieved": rate,
+            "prober_cpu_pct": pc, "responder_cpu_pct": rc,
+            "prober_cpu_pct_per_1000_probes_s": if rate > 0.0 { pc * 1000.0 / rate } else { 0.0 }}));
+    }
+    let per_probe = |(pc, _, rate): (f64, f64, f64)| if rate > 0.0 { pc / rate } else { 0.0 };
+    out.push(json!({"bench": "agent_cpu_rdma_vs_udp", "transport": "ratio rdma/udp",
+        "probes_per_sec_achieved": if u.2 > 0.0 { r.2 / u.2 } else { 0.0 },
+        "prober_cpu_pct": if u.0 > 0.0 { r.0 / u.0 } else { 0.0 },
+        "responder_cpu_pct": if u.1 > 0.0 { r.1 / u.1 } else { 0.0 },
+        "prober_cpu_pct_per_1000_probes_s": if per_probe(u) > 0.0 { per_probe(r) / per_probe(u) } else { 0.0 }}));
+    if let Some(d) = phase("rdma", "dead_peer") {
+        out.push(json!({"bench": "dead_peer_cost", "transport": "rdma",
+            "live_probes_per_sec_alone": r.2, "live_probes_per_sec_with_dead_peer": d.2,
+            "ratio_with_to_alone": if r.2 > 0.0 { d.2 / r.2 } else { 0.0 },
+            "prober_cpu_pct_alone": r.0, "prober_cpu_pct_with_dead_peer": d.0}));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn load_lines_compare_transports_and_phases() {
+        let w = |start_s: u64, gid: &str, probes: u64| {
+            json!({"window_start_unix_ns": start_s * 1_000_000_000, "window_duration_ms": 2000,
+                   "target_gid": gid, "probe_total": probes})
+        };
+        let dead = "0000:0000:0000:0000:0000:ffff:c612:0363";
+        let ph = |name: &str, from: u64, to: u64, pc: f64| {
+            json!({"phase": name, "from_unix_ns": from * 1_000_000_000,
+                   "to_unix_ns": to * 1_000_000_000, "prober_cpu_pct": pc, "responder_cpu_pct": pc / 2.0})
+        };
+        let load = json!({
+            "probes_per_sec": 640,
+            "rdma": {"phases": [ph("alone", 10, 20, 8.0), ph("dead_peer", 30, 40, 10.0)],
+                     "windows": [w(10, "b", 1200), w(12, "b", 1280), w(19, "b", 9999),
+                                 w(30, "b", 1000), w(32, dead, 5000)]},
+            "udp": {"phases": [ph("alone", 10, 20, 4.0)], "windows": [w(10, "b", 1280)]},
+        });
+        let l = load_lines(&load);
+        assert_eq!(l.len(), 4);
+        // (1200 + 1280) probes over 4 s; the window reaching past the phase is left out.
+        assert_eq!(l[0]["probes_per_sec_achieved"], 620.0);
+        assert_eq!(l[1]["probes_per_sec_achieved"], 640.0);
+        assert_eq!(l[2]["prober_cpu_pct"], 2.0);
+        assert_eq!(l[3]["live_probes_per_sec_with_dead_peer"], 500.0);
+        assert!(load_lines(&json!(null)).is_empty());
+    }
 
     #[test]
     fn rdma_lines_take_medians_and_ratios() {

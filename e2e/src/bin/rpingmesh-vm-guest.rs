@@ -1263,12 +1263,130 @@ async fn bench_rdma(dir: &Path) -> Result<Value> {
         .iter()
         .map(|(q, at)| at.saturating_sub(rtr[q]) as f64 / 1e6)
         .collect();
+    Proc::stop_all(&mut agents);
+    drop(ctl);
+    let load = bench_load(dir, g).await?;
     Ok(json!({
         "rounds": rounds,
         "service_path_latency_ms": latencies_ms,
         "qps": rtr.len(),
         "report_interval_ms": BENCH_REPORT_INTERVAL_MS,
+        "load": load,
     }))
+}
+
+/// CPU seconds (user + system) a process has used so far.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the ")" that ends the command name: utime is the 12th, stime the 13th.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    // SAFETY: plain sysconf query.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    f.iter().sum::<u64>() as f64 / hz
+}
+
+/// One prober agent and one responder-only agent at LOAD_PROBES_PER_SEC, on `transport`
+/// between the two service devices' addresses: the prober's and the responder's CPU
+/// (% of one core) over LOAD_SECS; on rdma also with a dead peer added to the prober's
+/// pinglist, and the live target's probes/s in both phases (from the windows).
+async fn bench_load(dir: &Path, g: [u32; 2]) -> Result<Value> {
+    let mut out = json!({});
+    for transport in ["rdma", "udp"] {
+        let ctl = spawn_controller(
+            dir,
+            &format!("controller-load-{transport}"),
+            None,
+            "127.0.0.1:0",
+            &["--metrics-enabled", "false"],
+        )?;
+        let mut agents = Vec::new();
+        for (i, role) in ["prober", "responder"].iter().enumerate() {
+            let mut args: Vec<String> = [
+                ("--agent-id", format!("load-{role}")),
+                ("--tor-id", BENCH_LOAD_TOR.to_string()),
+                ("--controller-addr", ctl.addr.to_string()),
+                ("--transport", transport.to_string()),
+                ("--metrics-enabled", "false".into()),
+                ("--service-tracing-mode", "off".into()),
+                ("--analysis-window-sec", "2".into()),
+                ("--pinglist-update-interval-sec", "3".into()),
+                ("--probe-interval-ms", "1".into()),
+                (
+                    "--tor-mesh-probe-rate-per-second",
+                    LOAD_PROBES_PER_SEC.to_string(),
+                ),
+                ("--responder-only", (i == 1).to_string()),
+                // Measured as configured: no self-protection throttle.
+                ("--self-protection-enabled", "false".into()),
+            ]
+            .into_iter()
+            .flat_map(|(k, v)| [k.to_string(), v])
+            .collect();
+            if transport == "rdma" {
+                args.extend([
+                    "--allowed-device-names".into(),
+                    SVC_DEVICES[i].into(),
+                    "--gid-index".into(),
+                    g[i].to_string(),
+                ]);
+            } else {
+                args.extend(["--udp-addresses".into(), SVC_IPS[i].to_string()]);
+            }
+            agents.push(Proc::spawn(
+                dir,
+                &format!("load-{transport}-{role}"),
+                None,
+                &bin(AGENT_BIN),
+                &args,
+            )?);
+        }
+        wait_rnics(&ctl.endpoint(), 2, Duration::from_secs(60)).await?;
+        // Warm: the first pinglist, address handles, one window.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let mut phases = Vec::new();
+        let mut ghost = None;
+        for phase in ["alone", "dead_peer"] {
+            if phase == "dead_peer" {
+                if transport != "rdma" {
+                    break;
+                }
+                ghost = Some(register_ghost_in(ctl.endpoint(), BENCH_LOAD_TOR));
+                // One refresh puts it on the list; one window passes.
+                tokio::time::sleep(Duration::from_secs(5)).await;
+            }
+            let cpu0: Vec<f64> = agents.iter().map(|a| cpu_seconds(a.pid())).collect();
+            let (t0, w0) = (unix_ns_now(), Instant::now());
+            tokio::time::sleep(Duration::from_secs(LOAD_SECS)).await;
+            let secs = w0.elapsed().as_secs_f64();
+            let cpu: Vec<f64> = agents
+                .iter()
+                .zip(&cpu0)
+                .map(|(a, c0)| 100.0 * (cpu_seconds(a.pid()) - c0) / secs)
+                .collect();
+            phases.push(json!({
+                "phase": phase, "from_unix_ns": t0, "to_unix_ns": unix_ns_now(),
+                "prober_cpu_pct": cpu[0], "responder_cpu_pct": cpu[1],
+            }));
+        }
+        Proc::stop_all(&mut agents);
+        if let Some(g) = ghost {
+            g.abort();
+        }
+        let mut op = operator(&ctl.endpoint()).await?;
+        let windows: Vec<Value> = dedupe(all_windows(&mut op).await?)
+            .iter()
+            .map(summary_json)
+            .collect();
+        out[transport] = json!({ "phases": phases, "windows": windows });
+    }
+    out["probes_per_sec"] = json!(LOAD_PROBES_PER_SEC);
+    Ok(out)
 }
 
 // ------------------------------------------------------------------------- faults
@@ -1303,6 +1421,10 @@ fn link_state(device: &str) -> String {
 /// Keeps an RNIC registered whose GID is on no fabric (a dead host the controller still
 /// lists), re-registering it like an agent would, until the task is aborted.
 fn register_ghost(endpoint: String) -> tokio::task::JoinHandle<()> {
+    register_ghost_in(endpoint, FAULT_TORS[0])
+}
+
+fn register_ghost_in(endpoint: String, tor: &'static str) -> tokio::task::JoinHandle<()> {
     use rpingmesh_proto::controller_agent::{AgentRegistrationRequest, RnicInfo};
     tokio::spawn(async move {
         loop {
@@ -1312,13 +1434,13 @@ fn register_ghost(endpoint: String) -> tokio::task::JoinHandle<()> {
                         agent_id: "ghost".into(),
                         agent_ip: FAULT_DEAD_IP.to_string(),
                         hostname: "ghost".into(),
-                        tor_id: FAULT_TORS[0].into(),
+                        tor_id: tor.into(),
                         rnics: vec![RnicInfo {
                             gid: v4_gid(FAULT_DEAD_IP),
                             qpn: 4242,
                             ip_address: FAULT_DEAD_IP.to_string(),
                             host_name: "ghost".into(),
-                            tor_id: FAULT_TORS[0].into(),
+                            tor_id: tor.into(),
                             device_name: "ghost0".into(),
                         }],
                     })
