@@ -674,7 +674,7 @@ fn render_markdown(
                 A probe is three datagrams (probe, two ACKs) where a ping-pong round trip is two, and the agent sleeps on completion channels where the busy ping-pong spins. \
                 service_path_latency: from each QP's ibv_modify_qp to RTR (stamped by rdma-qp-churn) until the controller lists its service path, agents in kprobe mode, \
                 sampled every 20 ms; bounded by the agent's service_flow_report_interval_ms. \
-                agent_cpu_rdma_vs_udp: a prober agent (640 probes/s offered to one target: the packet rate of 64 targets x 10/s, with one address handle instead of 64) and a responder-only agent, \
+                agent_cpu_rdma_vs_udp: a prober agent (200 probes/s offered to one target; 640/s, the packet rate of 64 targets x 10/s, saturates the guest's two TCG vCPUs on either transport) and a responder-only agent, \
                 real processes between the same two addresses, on rdma (rxe) and then on udp in the same guest; CPU is utime+stime from /proc over 10 s; \
                 under TCG the kernel's rxe work runs in softirq and is billed partly to whoever is on the CPU. \
                 dead_peer_cost: the same rdma pair, the live target's probes/s alone vs with a registered dead GID (ibv_create_ah times out after about a second) on the prober's pinglist at the same rate"
