@@ -137,10 +137,22 @@ async fn agents_turn_our_additions_off_against_a_go_controller_and_keep_probing(
             })
             .collect();
         assert!(ws.len() >= 3, "{gs} -> {gt}: {} windows", ws.len());
+        // The rate over all windows (one window on a loaded machine may come short: a
+        // CPU hog beside the suite gave 13 of 20 once); no window far below it.
+        let total: u64 = ws.iter().map(|w| w.probe_total as u64).sum();
+        let want: u64 = ws
+            .iter()
+            .map(|w| RATE * w.window_duration_ms as u64 / 1000)
+            .sum();
+        assert!(
+            total * 10 >= want * 8,
+            "{gs} -> {gt}: {total} probes over {} windows, want about {want}",
+            ws.len()
+        );
         for w in &ws {
             let want = RATE * w.window_duration_ms as u64 / 1000;
             assert!(
-                w.probe_total as u64 * 10 >= want * 8,
+                w.probe_total as u64 * 2 >= want,
                 "{gs} -> {gt}: {} probes in a {} ms window, want about {want}",
                 w.probe_total,
                 w.window_duration_ms

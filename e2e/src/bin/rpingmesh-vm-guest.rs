@@ -1473,6 +1473,9 @@ async fn rdma_faults(dir: &Path) -> Result<Value> {
     // A device whose netdev has no IPv4 address: no GID at that index.
     if !Path::new(&format!("/sys/class/infiniband/{FAULT_NO_GID_DEVICE}")).exists() {
         sh(&["ip", "link", "add", "vfx", "type", "dummy"])?;
+        // No IPv6 either: its link-local address would land at index 1 (later on a slow
+        // guest, racing the agent's open).
+        sysctl("net.ipv6.conf.vfx.disable_ipv6", "1")?;
         sh(&["ip", "link", "set", "vfx", "up"])?;
         sh(&[
             "rdma",
