@@ -1415,6 +1415,24 @@ fn res_of_pid(what: &str, pid: u32) -> Value {
     json!(mine)
 }
 
+/// The QPs, MRs, PDs and CQs `rdma res` lists for process `pid`.
+fn held_resources(pid: u32) -> Value {
+    json!({
+        "qp": res_of_pid("qp", pid), "mr": res_of_pid("mr", pid),
+        "pd": res_of_pid("pd", pid), "cq": res_of_pid("cq", pid),
+    })
+}
+
+/// Waits up to `timeout` for `device`'s port to report `want`; the state last seen.
+async fn wait_link_state(device: &str, want: &str, timeout: Duration) -> String {
+    wait_for(timeout, Duration::from_millis(100), || {
+        let s = link_state(device);
+        async move { (s == want).then_some(s) }
+    })
+    .await
+    .unwrap_or_else(|| link_state(device))
+}
+
 /// `rdma link show <device>`'s state (ACTIVE, DOWN).
 fn link_state(device: &str) -> String {
     sh(&["rdma", "-j", "link", "show", &format!("{device}/1")])
@@ -1560,21 +1578,11 @@ async fn rdma_faults(dir: &Path) -> Result<Value> {
     // 2. Port down under the running agent, then up.
     phases.insert("port_down", unix_ns_now());
     sh(&["ip", "link", "set", FAULT_NETDEVS[2], "down"])?;
-    let down_state = wait_for(Duration::from_secs(10), Duration::from_millis(100), || {
-        let s = link_state(FAULT_DEVICES[2]);
-        async move { (s == "DOWN").then_some(s) }
-    })
-    .await
-    .unwrap_or_else(|| link_state(FAULT_DEVICES[2]));
+    let down_state = wait_link_state(FAULT_DEVICES[2], "DOWN", Duration::from_secs(10)).await;
     tokio::time::sleep(Duration::from_secs(FAULT_DOWN_SECS)).await;
     phases.insert("port_up", unix_ns_now());
     sh(&["ip", "link", "set", FAULT_NETDEVS[2], "up"])?;
-    let up_state = wait_for(Duration::from_secs(20), Duration::from_millis(100), || {
-        let s = link_state(FAULT_DEVICES[2]);
-        async move { (s == "ACTIVE").then_some(s) }
-    })
-    .await
-    .unwrap_or_else(|| link_state(FAULT_DEVICES[2]));
+    let up_state = wait_link_state(FAULT_DEVICES[2], "ACTIVE", Duration::from_secs(20)).await;
     phases.insert("port_active", unix_ns_now());
     tokio::time::sleep(Duration::from_secs(FAULT_AFTER_UP_SECS)).await;
 
@@ -1608,17 +1616,11 @@ async fn rdma_faults(dir: &Path) -> Result<Value> {
 
     // 4. -9: the kernel must release everything the agent held.
     let multi_pid = multi.pid();
-    let before_kill = json!({
-        "qp": res_of_pid("qp", multi_pid), "mr": res_of_pid("mr", multi_pid),
-        "pd": res_of_pid("pd", multi_pid), "cq": res_of_pid("cq", multi_pid),
-    });
+    let before_kill = held_resources(multi_pid);
     multi.signal(libc::SIGKILL);
     let _ = multi.wait_exit(Duration::from_secs(10));
     let after_kill = wait_for(Duration::from_secs(10), Duration::from_millis(200), || {
-        let v = json!({
-            "qp": res_of_pid("qp", multi_pid), "mr": res_of_pid("mr", multi_pid),
-            "pd": res_of_pid("pd", multi_pid), "cq": res_of_pid("cq", multi_pid),
-        });
+        let v = held_resources(multi_pid);
         async move {
             ["qp", "mr", "pd", "cq"]
                 .iter()
@@ -1627,9 +1629,7 @@ async fn rdma_faults(dir: &Path) -> Result<Value> {
         }
     })
     .await
-    .unwrap_or_else(
-        || json!({"qp": res_of_pid("qp", multi_pid), "mr": res_of_pid("mr", multi_pid)}),
-    );
+    .unwrap_or_else(|| held_resources(multi_pid));
 
     Proc::stop_all([&mut peer]);
     ghost.abort();

@@ -116,20 +116,7 @@ impl<H> AhCache<H> {
 
     /// Looks `key` up and marks it most recently used.
     pub fn get(&mut self, key: &AhKey) -> Option<&H> {
-        match self.map.get(key).copied() {
-            Some(i) => {
-                self.stats.hits += 1;
-                if self.head != i {
-                    self.unlink(i);
-                    self.push_front(i);
-                }
-                Some(&self.nodes[i].handle)
-            }
-            None => {
-                self.stats.misses += 1;
-                None
-            }
-        }
+        self.get_mut(key).map(|h| &*h)
     }
 
     /// As `get`, mutable.
