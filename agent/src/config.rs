@@ -9,6 +9,7 @@ use figment::providers::{Format, Serialized};
 use figment::value::{Dict, Map, Value};
 use figment::Figment;
 use figment::{Metadata, Profile, Provider};
+use rpingmesh_metrics_export::Exporter;
 use serde::{Deserialize, Deserializer, Serialize};
 
 /// Every key the agent understands (YAML key = env suffix = CLI flag in kebab case).
@@ -57,6 +58,8 @@ pub const KEYS: &[&str] = &[
     "service_names",
     "max_service_names",
     "service_flow_report_interval_ms",
+    "metrics_exporter",
+    "prometheus_listen_addr",
 ];
 
 pub const ENV_PREFIX: &str = "RPINGMESH_";
@@ -156,6 +159,10 @@ pub struct AgentConfig {
     pub udp_port: u16,
     pub probe_timeout_ms: u64,
     pub metrics_export_interval_ms: u64,
+    /// Where metrics go when metrics_enabled: otlp (push), prometheus (/metrics) or both.
+    pub metrics_exporter: String,
+    /// Address of the Prometheus `/metrics` endpoint (exporter prometheus or both).
+    pub prometheus_listen_addr: String,
     /// Register and answer probes, send none.
     pub responder_only: bool,
     pub report_batch_max: usize,
@@ -213,6 +220,8 @@ impl Default for AgentConfig {
             udp_port: 18515,
             probe_timeout_ms: 1000,
             metrics_export_interval_ms: 10_000,
+            metrics_exporter: "otlp".into(),
+            prometheus_listen_addr: ":9464".into(),
             responder_only: false,
             report_batch_max: 256,
             service_tracing_mode: ServiceTracingMode::Auto,
@@ -355,6 +364,13 @@ pub struct CliArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub metrics_export_interval_ms: Option<u64>,
+    /// otlp | prometheus | both.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metrics_exporter: Option<String>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prometheus_listen_addr: Option<String>,
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub responder_only: Option<bool>,
@@ -506,7 +522,11 @@ impl AgentConfig {
                 self.traffic_class
             )));
         }
-        if self.metrics_enabled && self.otel_collector_addr.trim().is_empty() {
+        let exporter = self.exporter()?;
+        if self.metrics_enabled && exporter.prometheus() {
+            self.prometheus_socket_addr()?;
+        }
+        if self.metrics_enabled && exporter.otlp() && self.otel_collector_addr.trim().is_empty() {
             return Err(err(
                 "otel_collector_addr must not be empty when metrics_enabled is true",
             ));
@@ -556,6 +576,21 @@ impl AgentConfig {
             return Err(err("report_batch_max must be > 0"));
         }
         self.validate_service()
+    }
+
+    pub fn exporter(&self) -> Result<Exporter, ConfigError> {
+        Exporter::parse(&self.metrics_exporter).ok_or_else(|| {
+            err(format!(
+                "metrics_exporter must be {}, got {:?}",
+                Exporter::CHOICES,
+                self.metrics_exporter
+            ))
+        })
+    }
+
+    pub fn prometheus_socket_addr(&self) -> Result<std::net::SocketAddr, ConfigError> {
+        rpingmesh_metrics_export::parse_listen_addr(&self.prometheus_listen_addr)
+            .map_err(|m| err(format!("prometheus_listen_addr: {m}")))
     }
 
     fn validate_service(&self) -> Result<(), ConfigError> {

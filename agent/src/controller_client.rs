@@ -72,6 +72,7 @@ pub fn registration_request(cfg: &AgentConfig, rnics: &[LocalRnic]) -> AgentRegi
                 device_name: r.device_name.clone(),
             })
             .collect(),
+        agent_version: env!("CARGO_PKG_VERSION").to_string(),
     }
 }
 

@@ -69,10 +69,36 @@ async fn run(cfg: AgentConfig) -> ExitCode {
     };
     let telemetry = Telemetry::init(
         cfg.metrics_enabled,
+        cfg.exporter()
+            .unwrap_or(rpingmesh_metrics_export::Exporter::Otlp),
         &cfg.otel_collector_addr,
         Duration::from_millis(cfg.metrics_export_interval_ms),
         &cfg.hostname,
     );
+    // Served before probing starts; a port in use is a config error like any other.
+    let _metrics_server = match telemetry.prometheus_registry() {
+        Some(reg) => {
+            let addr = match cfg.prometheus_socket_addr() {
+                Ok(a) => a,
+                Err(e) => {
+                    eprintln!("rpingmesh-agent: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            match rpingmesh_metrics_export::serve(addr, rpingmesh_metrics_export::router(reg)).await
+            {
+                Ok((bound, join)) => {
+                    tracing::info!(addr = %bound, "Prometheus /metrics listening");
+                    Some(join)
+                }
+                Err(e) => {
+                    eprintln!("rpingmesh-agent: prometheus_listen_addr {addr}: bind failed: {e}");
+                    return ExitCode::from(1);
+                }
+            }
+        }
+        None => None,
+    };
     let running = match agent::start(&cfg, endpoints, telemetry.metrics.clone()) {
         Ok(r) => r,
         Err(e) => {

@@ -1035,6 +1035,7 @@ impl State {
         } else {
             PathAttrs::new(&self.p.source_tor, &spec.tor_id)
         };
+        self.metrics.init_path(&attrs);
         TargetState {
             endpoint: Endpoint {
                 gid: spec.gid,

@@ -1,11 +1,13 @@
-//! OTLP/gRPC metrics with the Go agent's names, units and attributes, and JSON logs.
+//! The agent's metrics with the Go agent's names, units and attributes (pushed over
+//! OTLP and/or scraped from /metrics), and JSON logs.
 
 use std::time::Duration;
 
 use opentelemetry::metrics::{Counter, Gauge, Histogram, Meter, MeterProvider as _};
 use opentelemetry::KeyValue;
-use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
+use opentelemetry_sdk::metrics::SdkMeterProvider;
 use opentelemetry_sdk::Resource;
+use rpingmesh_metrics_export::{Exporter, MetricsPipeline, PipelineOptions};
 use rpingmesh_protocol::rtt::{InvalidReason, RttSample};
 
 pub const SERVICE_NAME: &str = "rpingmesh-agent";
@@ -155,6 +157,19 @@ pub struct Metrics {
 
 impl Metrics {
     pub fn new(meter: &Meter) -> Self {
+        let m = Self::instruments(meter);
+        // Health counters start at 0 so that a scrape shows them (and a dashboard a
+        // flat line) before anything went wrong.
+        for a in &m.drop_attrs {
+            m.dropped.add(0, a);
+        }
+        m.transport_failures.add(0, &[]);
+        m.event_ring_dropped.add(0, &[]);
+        m.tracer_ringbuf_dropped.add(0, &[]);
+        m
+    }
+
+    fn instruments(meter: &Meter) -> Self {
         let hist = |name: &'static str, desc: &'static str| {
             meter
                 .u64_histogram(name)
@@ -222,6 +237,17 @@ impl Metrics {
             .record(s.responder_delay_ns, &attrs.base);
     }
 
+    /// Gives a new target's ToR pair (and service) its series at 0, failures by every
+    /// reason included, so that a loss ratio reads 0 rather than "no data" until a
+    /// probe fails.
+    pub fn init_path(&self, attrs: &PathAttrs) {
+        self.total.add(0, &attrs.base);
+        self.success.add(0, &attrs.base);
+        for f in &attrs.failed {
+            self.failed.add(0, f);
+        }
+    }
+
     pub fn record_failure(&self, attrs: &PathAttrs, reason: FailReason) {
         self.total.add(1, &attrs.base);
         self.failed.add(1, &attrs.failed[reason as usize]);
@@ -252,6 +278,7 @@ impl Metrics {
 pub struct Telemetry {
     provider: SdkMeterProvider,
     pub metrics: Metrics,
+    registry: Option<rpingmesh_metrics_export::Registry>,
 }
 
 /// The OTLP resource: service.name, service.version (this build) and service.instance.id.
@@ -269,46 +296,50 @@ pub fn collector_uri(addr: &str) -> String {
 }
 
 impl Telemetry {
-    /// Builds the OTLP pipeline; a bad exporter setup is logged and metrics go nowhere
-    /// (never fatal). Must run inside a tokio runtime (the tonic exporter needs one).
-    /// `instance` is the OTLP `service.instance.id` (the agent's hostname, as Go sets
-    /// it): without it the series of two agents collide in a backend.
+    /// Builds the pipeline `metrics_enabled` and `metrics_exporter` ask for; a bad
+    /// exporter setup is logged and metrics go nowhere (never fatal). Must run inside a
+    /// tokio runtime (the tonic exporter needs one). `instance` is the OTLP
+    /// `service.instance.id` (the agent's hostname, as Go sets it): without it the series
+    /// of two agents collide in a backend.
     pub fn init(
         enabled: bool,
+        exporter: Exporter,
         collector_addr: &str,
         export_interval: Duration,
         instance: &str,
     ) -> Self {
-        let resource = resource(SERVICE_NAME, instance);
-        let mut builder = SdkMeterProvider::builder().with_resource(resource);
+        let pipeline = MetricsPipeline::build(PipelineOptions {
+            enabled,
+            exporter,
+            otlp_endpoint: collector_uri(collector_addr),
+            export_interval,
+            resource: resource(SERVICE_NAME, instance),
+        });
+        let registry = pipeline.prometheus_registry();
+        let mut t = Self::from_provider(pipeline.provider().clone());
         if enabled {
-            use opentelemetry_otlp::WithExportConfig;
-            match opentelemetry_otlp::MetricExporter::builder()
-                .with_tonic()
-                .with_endpoint(collector_uri(collector_addr))
-                .with_timeout(Duration::from_secs(5))
-                .build()
-            {
-                Ok(exporter) => {
-                    let reader = PeriodicReader::builder(exporter)
-                        .with_interval(export_interval)
-                        .build();
-                    builder = builder.with_reader(reader);
-                }
-                Err(e) => tracing::error!(
-                    error = %e,
-                    collector = collector_addr,
-                    "OTLP metric exporter could not be built; metrics are not exported"
-                ),
-            }
+            rpingmesh_metrics_export::process::register(
+                &t.provider.meter(SERVICE_NAME),
+                "rpingmesh.agent",
+            );
         }
-        Self::from_provider(builder.build())
+        t.registry = registry;
+        t
+    }
+
+    /// The registry `/metrics` serves, when Prometheus export is on.
+    pub fn prometheus_registry(&self) -> Option<rpingmesh_metrics_export::Registry> {
+        self.registry.clone()
     }
 
     /// Wraps an existing provider (tests attach their own reader).
     pub fn from_provider(provider: SdkMeterProvider) -> Self {
         let metrics = Metrics::new(&provider.meter(SERVICE_NAME));
-        Telemetry { provider, metrics }
+        Telemetry {
+            provider,
+            metrics,
+            registry: None,
+        }
     }
 
     /// Final export, best-effort. Blocks: call from a blocking context.
@@ -349,7 +380,7 @@ pub fn init_logging(level: &str) {
 mod tests {
     use super::*;
     use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData};
-    use opentelemetry_sdk::metrics::InMemoryMetricExporter;
+    use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader};
 
     #[test]
     fn collector_uri_adds_scheme() {
@@ -464,8 +495,13 @@ mod tests {
             .iter()
             .all(|(a, _)| !a.iter().any(|x| x == "reason_detail=timeout")));
         assert!(failed[0].0.contains(&"source_tor=tor-a".to_string()));
-        let dropped = sum("rpingmesh.agent.dropped_packets_total");
-        assert_eq!(dropped, vec![(vec!["reason=bad_length".to_string()], 1)]);
+        // Every drop reason is there from the start (0), the one recorded at 1.
+        let mut dropped = sum("rpingmesh.agent.dropped_packets_total");
+        dropped.sort();
+        assert_eq!(dropped.len(), DropReason::ALL.len());
+        assert!(dropped.contains(&(vec!["reason=bad_length".to_string()], 1)));
+        assert_eq!(dropped.iter().map(|d| d.1).sum::<u64>(), 1);
+        assert_eq!(sum("rpingmesh.agent.transport_failures_total")[0].1, 0);
     }
 
     #[test]

@@ -17,24 +17,7 @@ pub fn available_cores(max_procs: u64) -> f64 {
     std::thread::available_parallelism().map_or(1, |n| n.get()) as f64
 }
 
-/// User + system CPU time of this process (/proc/self/stat, in clock ticks).
-fn cpu_time() -> std::io::Result<Duration> {
-    let st = procfs::process::Process::myself()
-        .and_then(|p| p.stat())
-        .map_err(std::io::Error::other)?;
-    let hz = procfs::ticks_per_second().max(1);
-    Ok(Duration::from_nanos(
-        (st.utime + st.stime).saturating_mul(1_000_000_000) / hz,
-    ))
-}
-
-/// Resident set size (/proc/self/statm, in pages).
-fn rss_bytes() -> std::io::Result<u64> {
-    let m = procfs::process::Process::myself()
-        .and_then(|p| p.statm())
-        .map_err(std::io::Error::other)?;
-    Ok(m.resident.saturating_mul(procfs::page_size()))
-}
+use rpingmesh_metrics_export::process::{cpu_time, rss_bytes};
 
 /// CPU fraction of `cores` over an interval: CPU time delta / (wall delta x cores).
 pub fn cpu_fraction(cpu_delta: Duration, wall_delta: Duration, cores: f64) -> f64 {

@@ -1,16 +1,31 @@
 //! rpingmeshctl: reads the controller's operator API (`rpingmesh.operator.v1`).
 //!
 //! Aligned tables by default (RTT in microseconds, loss in percent), `--json` for one
-//! JSON object per row (raw ns and ratios). Any failure is one line on stderr, exit 1.
+//! JSON object per row (raw ns and ratios). Any failure is one line on stderr.
+//!
+//! The controller is reached in plaintext, TLS or mTLS with the agent's keys: `--tls-mode`,
+//! `--tls-cert-file`, `--tls-key-file`, `--tls-ca-file`, `--tls-server-name`, each also as
+//! `RPINGMESH_TLS_*`, or `tls_*` / `controller_addr` from an agent YAML (`--config`).
+//! `paths` and `service-paths` take `--watch [--interval SECS] [--count N]`.
+//!
+//! Exit status (also in `--help`):
+//! - 0: every call answered;
+//! - 1: the controller answered with an error status (bad filter, unsupported call);
+//! - 2: usage or configuration error (flags, variables, `--config`, TLS files);
+//! - 3: the controller could not be reached (connection refused, TLS handshake failure,
+//!   deadline: every call is bounded by `--timeout-sec`).
 
+mod connect;
 mod format;
+mod watch;
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use serde_json::json;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use rpingmesh_proto::controller_agent::PathSummary;
 use rpingmesh_proto::operator::operator_service_client::OperatorServiceClient;
@@ -19,31 +34,115 @@ use rpingmesh_proto::operator::{
     ListViolationsRequest,
 };
 
+use connect::{Failure, Given, Target, TlsMode};
 use format::{loss_pct, or_dash, summary_json, us, utc, Table};
+use watch::WatchArgs;
+
+const AFTER_HELP: &str = "\
+TLS uses the agent's keys: tls_mode disabled|tls|mtls; tls needs --tls-ca-file, mtls also
+--tls-cert-file and --tls-key-file. Flags beat RPINGMESH_* variables, which beat the agent
+YAML of --config (only controller_addr and tls_* are read from it).
+
+Exit status:
+  0  ok
+  1  the controller answered with an error status
+  2  usage or configuration error (flags, RPINGMESH_* variables, --config, TLS files)
+  3  the controller could not be reached (connection refused, TLS handshake failure,
+     no answer within --timeout-sec)";
 
 #[derive(Debug, Parser)]
 #[command(
     name = "rpingmeshctl",
     version,
-    about = "Query an rpingmesh controller"
+    about = "Query an rpingmesh controller",
+    after_help = AFTER_HELP
 )]
 struct Cli {
-    /// Controller gRPC address (host:port or http://host:port).
+    /// Controller gRPC address (host:port, http:// or https://) [default: localhost:50051]
     #[arg(
         long,
         global = true,
         env = "RPINGMESH_CONTROLLER_ADDR",
-        default_value = "localhost:50051"
+        help_heading = "Connection"
     )]
-    controller: String,
+    controller: Option<String>,
+    /// Agent YAML (configs/agent.yaml) to take controller_addr and tls_* from.
+    #[arg(
+        long,
+        global = true,
+        value_name = "AGENT_YAML",
+        help_heading = "Connection"
+    )]
+    config: Option<PathBuf>,
+    /// disabled, tls (server authenticated) or mtls (client certificate too) [default: disabled]
+    #[arg(
+        long,
+        global = true,
+        env = "RPINGMESH_TLS_MODE",
+        help_heading = "Connection",
+        value_enum
+    )]
+    tls_mode: Option<TlsMode>,
+    /// Client certificate (PEM), for mtls.
+    #[arg(
+        long,
+        global = true,
+        env = "RPINGMESH_TLS_CERT_FILE",
+        help_heading = "Connection",
+        value_name = "PEM"
+    )]
+    tls_cert_file: Option<String>,
+    /// Client private key (PEM), for mtls.
+    #[arg(
+        long,
+        global = true,
+        env = "RPINGMESH_TLS_KEY_FILE",
+        help_heading = "Connection",
+        value_name = "PEM"
+    )]
+    tls_key_file: Option<String>,
+    /// CA certificate (PEM) the controller's certificate must chain to, for tls and mtls.
+    #[arg(
+        long,
+        global = true,
+        env = "RPINGMESH_TLS_CA_FILE",
+        help_heading = "Connection",
+        value_name = "PEM"
+    )]
+    tls_ca_file: Option<String>,
+    /// Name to check the controller's certificate against (default: the address's host).
+    #[arg(
+        long,
+        global = true,
+        env = "RPINGMESH_TLS_SERVER_NAME",
+        help_heading = "Connection",
+        value_name = "NAME"
+    )]
+    tls_server_name: Option<String>,
     /// One JSON object per row instead of a table.
     #[arg(long, global = true)]
     json: bool,
     /// Seconds to wait for the connection and for each call.
-    #[arg(long, global = true, default_value_t = 5)]
+    #[arg(long, global = true, visible_alias = "timeout", help_heading = "Connection", value_name = "SECS", default_value_t = 5,
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
     timeout_sec: u64,
     #[command(subcommand)]
     cmd: Cmd,
+}
+
+impl Cli {
+    fn given(&self) -> Given {
+        Given {
+            controller: self.controller.clone(),
+            config: self.config.clone(),
+            tls_mode: self.tls_mode,
+            tls_cert_file: self.tls_cert_file.clone(),
+            tls_key_file: self.tls_key_file.clone(),
+            tls_ca_file: self.tls_ca_file.clone(),
+            tls_server_name: self.tls_server_name.clone(),
+            timeout: Duration::from_secs(self.timeout_sec),
+        }
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -66,6 +165,8 @@ enum Cmd {
         /// Every retained window, not only the latest.
         #[arg(long)]
         all_windows: bool,
+        #[command(flatten)]
+        watch: WatchArgs,
     },
     /// Per (source ToR, target ToR) aggregate of the latest windows.
     TorPairs,
@@ -85,7 +186,21 @@ enum Cmd {
         /// SRC,DST ToR ids; either side may be empty ("tor-1," = from tor-1).
         #[arg(long, value_parser = parse_tor_pair)]
         tor_pair: Option<(String, String)>,
+        #[command(flatten)]
+        watch: WatchArgs,
     },
+}
+
+impl Cmd {
+    /// `--watch` settings, when given.
+    fn watch(&self) -> Option<&WatchArgs> {
+        match self {
+            Cmd::Paths { watch, .. } | Cmd::ServicePaths { watch, .. } if watch.watch => {
+                Some(watch)
+            }
+            _ => None,
+        }
+    }
 }
 
 fn parse_tor_pair(s: &str) -> Result<(String, String), String> {
@@ -98,88 +213,55 @@ fn parse_tor_pair(s: &str) -> Result<(String, String), String> {
     Ok((a.to_string(), b.to_string()))
 }
 
-fn endpoint_url(addr: &str) -> String {
-    if addr.contains("://") {
-        addr.to_string()
-    } else {
-        format!("http://{addr}")
-    }
-}
-
-/// An error with its causes on one line ("transport error: ...: Connection refused").
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        let t = c.to_string();
-        if !s.contains(&t) {
-            s.push_str(": ");
-            s.push_str(&t);
-        }
-        cur = c.source();
-    }
-    s.replace('\n', " ")
-}
-
-async fn connect(cli: &Cli) -> Result<OperatorServiceClient<Channel>, String> {
-    let url = endpoint_url(&cli.controller);
-    let t = Duration::from_secs(cli.timeout_sec.max(1));
-    let ep = Endpoint::from_shared(url)
-        .map_err(|e| {
-            format!(
-                "bad --controller address {:?}: {}",
-                cli.controller,
-                chain(&e)
-            )
-        })?
-        .connect_timeout(t)
-        .timeout(t);
-    let ch = ep.connect().await.map_err(|e| {
-        format!(
-            "cannot reach controller at {}: {}",
-            cli.controller,
-            chain(&e)
-        )
-    })?;
-    Ok(OperatorServiceClient::new(ch))
-}
-
-fn rpc_err(what: &str, addr: &str, s: tonic::Status) -> String {
-    let msg = s.message().replace('\n', " ");
-    match s.code() {
-        tonic::Code::Unavailable => format!("cannot reach controller at {addr}: {msg}"),
-        tonic::Code::Unimplemented => {
-            format!("{what}: the controller at {addr} does not support this call ({msg})")
-        }
-        c => format!("{what}: {c:?}: {msg}"),
-    }
-}
-
-fn print_json_rows(rows: impl IntoIterator<Item = serde_json::Value>) {
-    for r in rows {
-        println!("{r}");
-    }
+fn json_rows(rows: impl IntoIterator<Item = serde_json::Value>) -> String {
+    rows.into_iter().map(|r| format!("{r}\n")).collect()
 }
 
 fn gid_arg(g: &Option<String>) -> String {
     g.clone().unwrap_or_default()
 }
 
-async fn run(cli: Cli) -> Result<(), String> {
-    let mut op = connect(&cli).await?;
-    let addr = cli.controller.as_str();
-    match &cli.cmd {
+async fn run(cli: Cli) -> Result<(), Failure> {
+    let target = connect::resolve(&cli.given())?;
+    let op = target.connect().await?;
+    let (cmd, json) = (&cli.cmd, cli.json);
+    match cmd.watch() {
+        Some(w) => {
+            let title = std::env::args().skip(1).collect::<Vec<_>>().join(" ");
+            let target = &target;
+            watch::run(w, &title, || {
+                let mut op = op.clone();
+                async move { query(&mut op, target, cmd, json).await }
+            })
+            .await
+        }
+        None => {
+            let out = query(&mut op.clone(), &target, cmd, json).await?;
+            print!("{out}");
+            Ok(())
+        }
+    }
+}
+
+/// One query of `cmd`, rendered (table or JSON rows).
+async fn query(
+    op: &mut OperatorServiceClient<Channel>,
+    target: &Target,
+    cmd: &Cmd,
+    json: bool,
+) -> Result<String, Failure> {
+    let out = match cmd {
         Cmd::Rnics { tor } => {
             let rnics = op
                 .list_rnics(ListRnicsRequest {
                     tor_id: tor.clone().unwrap_or_default(),
                 })
                 .await
-                .map_err(|s| rpc_err("rnics", addr, s))?
+                .map_err(|s| target.rpc_failure("rnics", s))?
                 .into_inner()
                 .rnics;
-            if cli.json {
-                print_json_rows(rnics.iter().map(|r| {
+            if json {
+                json_rows(rnics.iter().map(|r| {
                     let i = r.rnic.clone().unwrap_or_default();
                     json!({
                         "gid": i.gid, "qpn": i.qpn, "ip_address": i.ip_address,
@@ -187,7 +269,7 @@ async fn run(cli: Cli) -> Result<(), String> {
                         "device_name": i.device_name, "agent_id": r.agent_id,
                         "last_updated_unix_sec": r.last_updated_unix_sec, "active": r.active,
                     })
-                }));
+                }))
             } else {
                 let mut t = Table::new(&[
                     ("TOR", false),
@@ -214,7 +296,7 @@ async fn run(cli: Cli) -> Result<(), String> {
                         utc(r.last_updated_unix_sec),
                     ]);
                 }
-                print!("{}", t.render());
+                t.render()
             }
         }
         Cmd::Paths {
@@ -222,6 +304,7 @@ async fn run(cli: Cli) -> Result<(), String> {
             target_tor,
             gid,
             all_windows,
+            ..
         } => {
             let base = ListPathsRequest {
                 source_tor_id: source_tor.clone().unwrap_or_default(),
@@ -248,13 +331,13 @@ async fn run(cli: Cli) -> Result<(), String> {
                 paths.extend(
                     op.list_paths(r)
                         .await
-                        .map_err(|s| rpc_err("paths", addr, s))?
+                        .map_err(|s| target.rpc_failure("paths", s))?
                         .into_inner()
                         .paths,
                 );
             }
-            if cli.json {
-                print_json_rows(paths.iter().map(summary_json));
+            if json {
+                json_rows(paths.iter().map(summary_json))
             } else {
                 let mut t = Table::new(&[
                     ("SRC_TOR", false),
@@ -288,18 +371,18 @@ async fn run(cli: Cli) -> Result<(), String> {
                         us(s.responder_delay_p50_ns),
                     ]);
                 }
-                print!("{}", t.render());
+                t.render()
             }
         }
         Cmd::TorPairs => {
             let pairs = op
                 .list_tor_pairs(ListTorPairsRequest {})
                 .await
-                .map_err(|s| rpc_err("tor-pairs", addr, s))?
+                .map_err(|s| target.rpc_failure("tor-pairs", s))?
                 .into_inner()
                 .pairs;
-            if cli.json {
-                print_json_rows(pairs.iter().map(|p| {
+            if json {
+                json_rows(pairs.iter().map(|p| {
                     json!({
                         "source_tor_id": p.source_tor_id, "target_tor_id": p.target_tor_id,
                         "paths": p.paths, "probe_total": p.probe_total,
@@ -311,7 +394,7 @@ async fn run(cli: Cli) -> Result<(), String> {
                         "responder_delay_p50_ns": p.responder_delay_p50_ns,
                         "invalid_rtt_count": p.invalid_rtt_count,
                     })
-                }));
+                }))
             } else {
                 let mut t = Table::new(&[
                     ("SRC_TOR", false),
@@ -339,24 +422,24 @@ async fn run(cli: Cli) -> Result<(), String> {
                         p.invalid_rtt_count.to_string(),
                     ]);
                 }
-                print!("{}", t.render());
+                t.render()
             }
         }
         Cmd::Violations { limit } => {
             let vs = op
                 .list_violations(ListViolationsRequest { limit: *limit })
                 .await
-                .map_err(|s| rpc_err("violations", addr, s))?
+                .map_err(|s| target.rpc_failure("violations", s))?
                 .into_inner()
                 .violations;
-            if cli.json {
-                print_json_rows(vs.iter().map(|v| {
+            if json {
+                json_rows(vs.iter().map(|v| {
                     json!({
                         "kind": v.kind,
                         "detected_unix_ns": v.detected_unix_ns,
                         "summary": v.summary.as_ref().map(summary_json),
                     })
-                }));
+                }))
             } else {
                 let mut t = Table::new(&[
                     ("DETECTED", false),
@@ -387,13 +470,14 @@ async fn run(cli: Cli) -> Result<(), String> {
                         us(s.network_rtt_p99_ns),
                     ]);
                 }
-                print!("{}", t.render());
+                t.render()
             }
         }
         Cmd::ServicePaths {
             service,
             gid,
             tor_pair,
+            ..
         } => {
             let (src, dst) = tor_pair.clone().unwrap_or_default();
             let paths = op
@@ -404,11 +488,11 @@ async fn run(cli: Cli) -> Result<(), String> {
                     target_tor_id: dst,
                 })
                 .await
-                .map_err(|s| rpc_err("service-paths", addr, s))?
+                .map_err(|s| target.rpc_failure("service-paths", s))?
                 .into_inner()
                 .paths;
-            if cli.json {
-                print_json_rows(paths.iter().map(|p| {
+            if json {
+                json_rows(paths.iter().map(|p| {
                     json!({
                         "service": p.service,
                         "source_gid": p.source_gid, "source_tor_id": p.source_tor_id,
@@ -424,7 +508,7 @@ async fn run(cli: Cli) -> Result<(), String> {
                         })).collect::<Vec<_>>(),
                         "latest": p.latest.as_ref().map(summary_json),
                     })
-                }));
+                }))
             } else {
                 let mut t = Table::new(&[
                     ("SERVICE", false),
@@ -476,11 +560,11 @@ async fn run(cli: Cli) -> Result<(), String> {
                         qps.join(", "),
                     ]);
                 }
-                print!("{}", t.render());
+                t.render()
             }
         }
-    }
-    Ok(())
+    };
+    Ok(out)
 }
 
 fn yes_no(b: bool) -> String {
@@ -496,14 +580,14 @@ fn main() -> ExitCode {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("rpingmeshctl: tokio runtime: {e}");
-            return ExitCode::from(1);
+            return ExitCode::from(connect::EXIT_USAGE);
         }
     };
     match rt.block_on(run(cli)) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(()) => ExitCode::from(connect::EXIT_OK),
         Err(e) => {
             eprintln!("rpingmeshctl: {e}");
-            ExitCode::from(1)
+            ExitCode::from(e.exit_code())
         }
     }
 }
@@ -523,9 +607,35 @@ mod tests {
     }
 
     #[test]
-    fn addresses_get_a_scheme() {
-        assert_eq!(endpoint_url("localhost:50051"), "http://localhost:50051");
-        assert_eq!(endpoint_url("http://h:1"), "http://h:1");
+    fn watch_and_tls_flags() {
+        let c = Cli::try_parse_from([
+            "rpingmeshctl",
+            "paths",
+            "--watch",
+            "--interval",
+            "0.5",
+            "--count",
+            "3",
+            "--tls-mode",
+            "mtls",
+        ])
+        .unwrap();
+        assert_eq!(c.tls_mode, Some(TlsMode::Mtls));
+        let w = c.cmd.watch().unwrap();
+        assert_eq!((w.interval, w.count), (Duration::from_millis(500), Some(3)));
+        let c = Cli::try_parse_from(["rpingmeshctl", "service-paths"]).unwrap();
+        assert!(c.cmd.watch().is_none());
+        // --count and --interval need --watch; rnics has no --watch; modes are the agent's.
+        for bad in [
+            &["rpingmeshctl", "paths", "--count", "2"][..],
+            &["rpingmeshctl", "paths", "--interval", "1"],
+            &["rpingmeshctl", "rnics", "--watch"],
+            &["rpingmeshctl", "rnics", "--tls-mode", "ssl"],
+            &["rpingmeshctl", "paths", "--watch", "--count", "0"],
+        ] {
+            let e = Cli::try_parse_from(bad).unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{bad:?}");
+        }
     }
 
     #[test]

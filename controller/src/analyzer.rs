@@ -9,6 +9,8 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use rpingmesh_proto::controller_agent::{PathSummary, PinglistType};
 use rpingmesh_proto::operator::TorPairStats;
 
+use crate::findings::{Finding, FindingBook};
+
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AnalyzerParams {
     pub sla_loss_ratio: f64,
@@ -86,7 +88,14 @@ pub struct Analyzer {
     service_ids: HashMap<Box<str>, u32>,
     paths: HashMap<PathKey, PathState>,
     violations: VecDeque<Violation>,
+    findings: FindingBook,
     summaries_total: u64,
+}
+
+impl Default for FindingBook {
+    fn default() -> Self {
+        FindingBook::new(AnalyzerParams::default().violation_log_capacity)
+    }
 }
 
 /// Filters for [`Analyzer::paths`]; empty strings match everything. GIDs must already
@@ -112,6 +121,7 @@ impl Analyzer {
     pub fn new(params: AnalyzerParams) -> Self {
         Self {
             params,
+            findings: FindingBook::new(params.violation_log_capacity),
             ..Default::default()
         }
     }
@@ -225,9 +235,20 @@ impl Analyzer {
                 }
             }
             if let Some(i) = kept {
+                // Only the newest window moves a finding: a late old window must not
+                // resolve (or reopen) what newer windows already decided.
+                if i + 1 == path.windows.len() {
+                    self.findings.observe(
+                        key,
+                        &s,
+                        [(ViolationKind::Loss, loss), (ViolationKind::Rtt, rtt)],
+                        now_unix_ns,
+                    );
+                }
                 path.windows[i].summary = s;
             }
         }
+        self.findings.expire(now_unix_ns);
         self.summaries_total += report.ingested as u64;
         report
     }
@@ -336,6 +357,35 @@ impl Analyzer {
                 e
             })
             .collect()
+    }
+
+    /// Open findings, then up to `resolved_limit` resolved ones (0 = all retained).
+    pub fn findings(&self, resolved_limit: usize) -> Vec<Finding> {
+        self.findings.list(resolved_limit)
+    }
+
+    pub fn finding_book(&self) -> &FindingBook {
+        &self.findings
+    }
+
+    /// Every retained window of one SERVICE path, oldest first (the page's sparkline).
+    pub fn service_windows(
+        &self,
+        source_gid: &str,
+        target_gid: &str,
+        service: &str,
+    ) -> Vec<&PathSummary> {
+        let (Some(&src), Some(&dst), Some(&svc)) = (
+            self.gid_ids.get(source_gid),
+            self.gid_ids.get(target_gid),
+            self.service_ids.get(service),
+        ) else {
+            return Vec::new();
+        };
+        self.paths
+            .get(&(src, dst, svc + 1))
+            .map(|p| p.windows.iter().map(|w| &w.summary).collect())
+            .unwrap_or_default()
     }
 
     /// Most recent violations first; `limit` 0 = everything retained.

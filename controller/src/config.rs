@@ -12,6 +12,7 @@ use clap::Parser;
 use figment::providers::Format;
 use figment::value::{Dict, Map, Value};
 use figment::{Figment, Metadata, Profile, Provider};
+use rpingmesh_metrics_export::{parse_listen_addr, Exporter};
 use serde::{Deserialize, Serialize};
 
 /// Environment variable prefix shared with the Go version.
@@ -44,6 +45,9 @@ pub const KEYS: &[&str] = &[
     "service_flow_ttl_sec",
     "max_service_flows_per_agent",
     "max_services",
+    "metrics_exporter",
+    "prometheus_listen_addr",
+    "http_listen_addr",
 ];
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -79,6 +83,12 @@ pub struct ControllerConfig {
     pub max_service_flows_per_agent: u32,
     /// Distinct service names in use at once; further names become "other".
     pub max_services: u32,
+    /// Where metrics go when metrics_enabled: otlp (push), prometheus (/metrics) or both.
+    pub metrics_exporter: String,
+    /// Address of the Prometheus `/metrics` endpoint (exporter prometheus or both).
+    pub prometheus_listen_addr: String,
+    /// Address of the operator web page and its JSON API; empty = off.
+    pub http_listen_addr: String,
 }
 
 impl Default for ControllerConfig {
@@ -109,6 +119,9 @@ impl Default for ControllerConfig {
             service_flow_ttl_sec: 120,
             max_service_flows_per_agent: 4096,
             max_services: 64,
+            metrics_exporter: "otlp".into(),
+            prometheus_listen_addr: ":9465".into(),
+            http_listen_addr: String::new(),
         }
     }
 }
@@ -234,6 +247,17 @@ pub struct CliArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_services: Option<u32>,
+    /// otlp | prometheus | both.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metrics_exporter: Option<String>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prometheus_listen_addr: Option<String>,
+    /// The operator web page and JSON API (e.g. 127.0.0.1:8080); empty = off.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub http_listen_addr: Option<String>,
 }
 
 /// A figment provider over an already-built dictionary, with a readable source name
@@ -391,7 +415,12 @@ impl ControllerConfig {
         if self.max_services == 0 {
             return Err(invalid("max_services", "must be >= 1"));
         }
-        if self.metrics_enabled {
+        let exporter = self.exporter()?;
+        if self.metrics_enabled && exporter.prometheus() {
+            self.prometheus_socket_addr()?;
+        }
+        self.http_socket_addr()?;
+        if self.metrics_enabled && exporter.otlp() {
             if self.otel_collector_addr.trim().is_empty() {
                 return Err(invalid(
                     "otel_collector_addr",
@@ -474,6 +503,34 @@ impl ControllerConfig {
             "database_uri",
             format!("{uri:?}: expected sqlite:<path> or sqlite::memory:"),
         ))
+    }
+
+    pub fn exporter(&self) -> Result<Exporter, ConfigError> {
+        Exporter::parse(&self.metrics_exporter).ok_or_else(|| {
+            invalid(
+                "metrics_exporter",
+                format!(
+                    "must be {}; got {:?}",
+                    Exporter::CHOICES,
+                    self.metrics_exporter
+                ),
+            )
+        })
+    }
+
+    pub fn prometheus_socket_addr(&self) -> Result<SocketAddr, ConfigError> {
+        parse_listen_addr(&self.prometheus_listen_addr)
+            .map_err(|m| invalid("prometheus_listen_addr", m))
+    }
+
+    /// `None` when the web page is off.
+    pub fn http_socket_addr(&self) -> Result<Option<SocketAddr>, ConfigError> {
+        if self.http_listen_addr.trim().is_empty() {
+            return Ok(None);
+        }
+        parse_listen_addr(&self.http_listen_addr)
+            .map(Some)
+            .map_err(|m| invalid("http_listen_addr", m))
     }
 
     pub fn tls(&self) -> Result<TlsMode, ConfigError> {

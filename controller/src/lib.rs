@@ -8,6 +8,7 @@
 pub mod analyzer;
 pub mod config;
 pub mod ecmp;
+pub mod findings;
 pub mod liveness;
 pub mod pinglist;
 pub mod registry;
@@ -15,6 +16,7 @@ pub mod server;
 pub mod service;
 pub mod service_paths;
 pub mod telemetry;
+pub mod web;
 
 pub use config::{CliArgs, ControllerConfig};
 pub use server::{start, start_with_state, ServerHandle};

@@ -45,6 +45,21 @@ async fn run(cfg: ControllerConfig) -> anyhow::Result<()> {
             return Err(e);
         }
     };
+    telemetry.observe_state(&handle.state);
+    let _metrics_server = match telemetry.prometheus_registry() {
+        Some(reg) => {
+            let addr = cfg.prometheus_socket_addr()?;
+            let (bound, join) =
+                rpingmesh_metrics_export::serve(addr, rpingmesh_metrics_export::router(reg))
+                    .await
+                    .map_err(|e| {
+                        anyhow::anyhow!("prometheus_listen_addr {addr}: bind failed: {e}")
+                    })?;
+            tracing::info!(addr = %bound, "Prometheus /metrics listening");
+            Some(join)
+        }
+        None => None,
+    };
     tracing::info!(
         addr = %handle.local_addr,
         database_uri = %cfg.database_uri,

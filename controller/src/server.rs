@@ -22,6 +22,9 @@ use crate::telemetry::AnalyzerMetrics;
 /// A running controller server.
 pub struct ServerHandle {
     pub local_addr: SocketAddr,
+    /// The web page's address, when `http_listen_addr` is set.
+    pub http_addr: Option<SocketAddr>,
+    http: Option<JoinHandle<()>>,
     pub state: Arc<ControllerState>,
     shutdown: Option<oneshot::Sender<()>>,
     join: JoinHandle<Result<(), tonic::transport::Error>>,
@@ -32,6 +35,9 @@ impl ServerHandle {
     pub async fn shutdown(mut self) -> anyhow::Result<()> {
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
+        }
+        if let Some(h) = self.http.take() {
+            h.abort();
         }
         self.join
             .await
@@ -134,6 +140,17 @@ pub async fn start_with_state(
         })
     };
 
+    let (http_addr, http) = match cfg.http_socket_addr()? {
+        Some(addr) => {
+            let (bound, join) = crate::web::serve(addr, state.clone())
+                .await
+                .with_context(|| format!("http_listen_addr {addr}: bind failed"))?;
+            tracing::info!(addr = %bound, url = %format!("http://{bound}/"), "operator web page listening");
+            (Some(bound), Some(join))
+        }
+        None => (None, None),
+    };
+
     let (tx, rx) = oneshot::channel::<()>();
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     let join = tokio::spawn(async move {
@@ -148,6 +165,8 @@ pub async fn start_with_state(
     });
     Ok(ServerHandle {
         local_addr,
+        http_addr,
+        http,
         state,
         shutdown: Some(tx),
         join,

@@ -2,6 +2,7 @@
 //! `rpingmesh.operator.v1.OperatorService` (operators), over one shared state.
 //! Locks are std locks held only for synchronous sections, never across an await.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -21,10 +22,11 @@ use rpingmesh_proto::operator::operator_service_server::OperatorService;
 use rpingmesh_proto::operator::{
     ListPathsRequest, ListPathsResponse, ListRnicsRequest, ListRnicsResponse,
     ListServicePathsRequest, ListServicePathsResponse, ListTorPairsRequest, ListTorPairsResponse,
-    ListViolationsRequest, ListViolationsResponse, RnicStatus, Violation as ViolationMsg,
+    ListViolationsRequest, ListViolationsResponse, RnicStatus, ServicePath, TorPairStats,
+    Violation as ViolationMsg,
 };
 
-use crate::analyzer::{Analyzer, AnalyzerParams, PathFilter};
+use crate::analyzer::{Analyzer, AnalyzerParams, PathFilter, ViolationKind};
 use crate::config::ControllerConfig;
 use crate::ecmp;
 use crate::liveness::{heartbeat_interval_sec, StallWatch};
@@ -58,6 +60,9 @@ pub struct ControllerState {
     pub dropped_summaries: AtomicU64,
     /// Live service paths. Lock order: registry index first, then this, then the analyzer.
     pub service_paths: Mutex<ServicePathTable>,
+    /// Agent versions as they registered ("" = a Go agent); in memory only: every agent
+    /// registers again within a heartbeat.
+    agent_versions: Mutex<HashMap<String, String>>,
     clock: Clock,
     /// The controller's own timeline (a monotonic clock: the injectable wall clock jumps
     /// in tests that age registrations), watched for stalls.
@@ -119,6 +124,7 @@ impl ControllerState {
                 max_flows_per_agent: cfg.max_service_flows_per_agent as usize,
                 max_services: cfg.max_services as usize,
             })),
+            agent_versions: Mutex::new(HashMap::new()),
             clock,
             stall: Mutex::new(StallWatch::default()),
             started: Instant::now(),
@@ -153,6 +159,122 @@ impl ControllerState {
             }
         }
         now
+    }
+
+    pub(crate) fn analyzer(&self) -> Option<std::sync::MutexGuard<'_, Analyzer>> {
+        self.analyzer
+            .as_ref()
+            .map(|a| a.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Per ToR pair, the latest window of each path (gRPC ListTorPairs, the web matrix).
+    pub fn tor_pairs(&self) -> Vec<TorPairStats> {
+        self.analyzer().map(|a| a.tor_pairs()).unwrap_or_default()
+    }
+
+    /// Latest (or every retained) window of the matching paths.
+    pub fn paths(&self, filter: &PathFilter<'_>, all_windows: bool) -> Vec<PathSummary> {
+        self.analyzer()
+            .map(|a| a.paths(filter, all_windows))
+            .unwrap_or_default()
+    }
+
+    /// Live service paths with their latest SERVICE window.
+    pub fn service_paths(&self, filter: &ServicePathFilter<'_>) -> Vec<ServicePath> {
+        let now = self.now_ns();
+        let mut paths = {
+            let idx = self.registry.index();
+            self.service_table().list(&idx, filter, now)
+        };
+        if let Some(a) = self.analyzer() {
+            for p in &mut paths {
+                p.latest = a
+                    .latest_service(&p.source_gid, &p.target_gid, &p.service)
+                    .cloned();
+            }
+        }
+        paths
+    }
+
+    /// Every RNIC (or one ToR's) with its liveness, sorted by (ToR, GID).
+    pub fn rnic_statuses(&self, tor_id: &str) -> Vec<RnicStatus> {
+        let now = self.liveness_now_sec();
+        let idx = self.registry.index();
+        let to_status = |r: &RnicRecord| RnicStatus {
+            rnic: Some(RnicInfo {
+                gid: r.gid.clone(),
+                qpn: r.qpn,
+                ip_address: r.ip_address.clone(),
+                host_name: r.host_name.clone(),
+                tor_id: r.tor_id.clone(),
+                device_name: r.device_name.clone(),
+            }),
+            agent_id: r.agent_id.clone(),
+            last_updated_unix_sec: r.last_updated,
+            active: pinglist::is_active(r, now, self.pinglist.active_threshold_sec),
+        };
+        let mut rnics: Vec<RnicStatus> = if tor_id.is_empty() {
+            idx.rnics().map(to_status).collect()
+        } else {
+            idx.tor_gids(tor_id)
+                .iter()
+                .filter_map(|g| idx.rnic(g))
+                .map(to_status)
+                .collect()
+        };
+        drop(idx);
+        rnics.sort_by(|a, b| {
+            let (a, b) = (a.rnic.as_ref().unwrap(), b.rnic.as_ref().unwrap());
+            (&a.tor_id, &a.gid).cmp(&(&b.tor_id, &b.gid))
+        });
+        rnics
+    }
+
+    /// Open findings per (source ToR, target ToR, kind).
+    pub fn open_findings_by_tor_pair(
+        &self,
+    ) -> std::collections::BTreeMap<(String, String, ViolationKind), u64> {
+        self.analyzer()
+            .map(|a| a.finding_book().open_by_tor_pair())
+            .unwrap_or_default()
+    }
+
+    /// (active, inactive) RNICs.
+    pub fn rnic_counts(&self) -> (u64, u64) {
+        let now = self.liveness_now_sec();
+        let idx = self.registry.index();
+        let active = idx
+            .rnics()
+            .filter(|r| pinglist::is_active(r, now, self.pinglist.active_threshold_sec))
+            .count() as u64;
+        (active, idx.len() as u64 - active)
+    }
+
+    /// Live service paths per (service, monitored).
+    pub fn service_path_counts(&self) -> std::collections::BTreeMap<(String, bool), u64> {
+        let mut m = std::collections::BTreeMap::new();
+        for p in self.service_paths(&ServicePathFilter::default()) {
+            *m.entry((p.service, p.monitored)).or_insert(0) += 1;
+        }
+        m
+    }
+
+    pub fn note_agent_version(&self, agent_id: &str, version: &str) {
+        let mut v = self
+            .agent_versions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if v.get(agent_id).map(String::as_str) != Some(version) {
+            v.insert(agent_id.to_string(), version.to_string());
+        }
+    }
+
+    pub fn agent_version(&self, agent_id: &str) -> Option<String> {
+        let v = self
+            .agent_versions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        v.get(agent_id).cloned()
     }
 
     /// The service-path table (poisoning is ignored: every update leaves it consistent).
@@ -378,6 +500,8 @@ impl ControllerService for ControllerSvc {
             .registry
             .register_agent(&agent, &rnics, now)
             .map_err(store_err)?;
+        self.0
+            .note_agent_version(&agent.agent_id, &req.agent_version);
         tracing::info!(agent_id = %agent.agent_id, tor_id = %agent.tor_id, rnics = rnics.len(), "agent registered");
         Ok(Response::new(AgentRegistrationResponse {
             success: true,
@@ -581,26 +705,12 @@ impl OperatorService for OperatorSvc {
     ) -> Result<Response<ListServicePathsResponse>, Status> {
         let req = request.into_inner();
         let gid = optional_gid("gid", &req.gid)?;
-        let st = &self.0;
-        let now = st.now_ns();
-        let mut paths = {
-            let idx = st.registry.index();
-            let filter = ServicePathFilter {
-                service: &req.service,
-                gid: &gid,
-                source_tor_id: &req.source_tor_id,
-                target_tor_id: &req.target_tor_id,
-            };
-            st.service_table().list(&idx, &filter, now)
-        };
-        if let Some(a) = &st.analyzer {
-            let a = a.lock().unwrap_or_else(|e| e.into_inner());
-            for p in &mut paths {
-                p.latest = a
-                    .latest_service(&p.source_gid, &p.target_gid, &p.service)
-                    .cloned();
-            }
-        }
+        let paths = self.0.service_paths(&ServicePathFilter {
+            service: &req.service,
+            gid: &gid,
+            source_tor_id: &req.source_tor_id,
+            target_tor_id: &req.target_tor_id,
+        });
         Ok(Response::new(ListServicePathsResponse { paths }))
     }
 
@@ -617,13 +727,7 @@ impl OperatorService for OperatorSvc {
             source_gid: &source_gid,
             target_gid: &target_gid,
         };
-        let paths = match &self.0.analyzer {
-            Some(a) => a
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .paths(&filter, req.all_windows),
-            None => Vec::new(),
-        };
+        let paths = self.0.paths(&filter, req.all_windows);
         Ok(Response::new(ListPathsResponse { paths }))
     }
 
@@ -631,10 +735,7 @@ impl OperatorService for OperatorSvc {
         &self,
         _request: Request<ListTorPairsRequest>,
     ) -> Result<Response<ListTorPairsResponse>, Status> {
-        let pairs = match &self.0.analyzer {
-            Some(a) => a.lock().unwrap_or_else(|e| e.into_inner()).tor_pairs(),
-            None => Vec::new(),
-        };
+        let pairs = self.0.tor_pairs();
         Ok(Response::new(ListTorPairsResponse { pairs }))
     }
 
@@ -642,37 +743,7 @@ impl OperatorService for OperatorSvc {
         &self,
         request: Request<ListRnicsRequest>,
     ) -> Result<Response<ListRnicsResponse>, Status> {
-        let req = request.into_inner();
-        let st = &self.0;
-        let now = st.liveness_now_sec();
-        let idx = st.registry.index();
-        let to_status = |r: &RnicRecord| RnicStatus {
-            rnic: Some(RnicInfo {
-                gid: r.gid.clone(),
-                qpn: r.qpn,
-                ip_address: r.ip_address.clone(),
-                host_name: r.host_name.clone(),
-                tor_id: r.tor_id.clone(),
-                device_name: r.device_name.clone(),
-            }),
-            agent_id: r.agent_id.clone(),
-            last_updated_unix_sec: r.last_updated,
-            active: pinglist::is_active(r, now, st.pinglist.active_threshold_sec),
-        };
-        let mut rnics: Vec<RnicStatus> = if req.tor_id.is_empty() {
-            idx.rnics().map(to_status).collect()
-        } else {
-            idx.tor_gids(&req.tor_id)
-                .iter()
-                .filter_map(|g| idx.rnic(g))
-                .map(to_status)
-                .collect()
-        };
-        drop(idx);
-        rnics.sort_by(|a, b| {
-            let (a, b) = (a.rnic.as_ref().unwrap(), b.rnic.as_ref().unwrap());
-            (&a.tor_id, &a.gid).cmp(&(&b.tor_id, &b.gid))
-        });
+        let rnics = self.0.rnic_statuses(&request.into_inner().tor_id);
         Ok(Response::new(ListRnicsResponse { rnics }))
     }
 

@@ -1,20 +1,26 @@
-//! Telemetry: OTLP/gRPC analyzer metrics (service.name=rpingmesh-analyzer) and
-//! structured JSON logs on stderr. Exporter failures are logged, never fatal.
+//! Telemetry: analyzer and controller metrics (service.name=rpingmesh-analyzer), pushed
+//! over OTLP and/or scraped from /metrics, and structured JSON logs on stderr. Exporter
+//! failures are logged, never fatal.
 
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use opentelemetry::metrics::{Counter, Meter, MeterProvider};
 use opentelemetry::KeyValue;
-use opentelemetry_otlp::WithExportConfig;
-use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
 use opentelemetry_sdk::Resource;
+use rpingmesh_metrics_export::{Exporter, MetricsPipeline, PipelineOptions};
 
 use crate::analyzer::ViolationKind;
 use crate::config::ControllerConfig;
+use crate::service::ControllerState;
 
 pub const SERVICE_NAME: &str = "rpingmesh-analyzer";
 pub const METRIC_PATH_SUMMARIES: &str = "rpingmesh.analyzer.path_summaries_total";
 pub const METRIC_SLA_VIOLATIONS: &str = "rpingmesh.analyzer.sla_violations_total";
+pub const METRIC_FINDINGS_OPEN: &str = "rpingmesh.analyzer.findings_open";
+pub const METRIC_RNICS: &str = "rpingmesh.controller.rnics";
+pub const METRIC_SERVICE_PATHS: &str = "rpingmesh.controller.service_paths";
 
 /// Analyzer counters. Attributes are ToR-level only (bounded cardinality); per-GID
 /// detail goes to logs and the operator API.
@@ -74,67 +80,105 @@ impl AnalyzerMetrics {
 /// The metrics pipeline; keep it alive for the process lifetime and call
 /// [`Telemetry::shutdown`] to flush at exit.
 pub struct Telemetry {
-    provider: Option<SdkMeterProvider>,
+    pipeline: Option<MetricsPipeline>,
     pub metrics: AnalyzerMetrics,
 }
 
 impl Telemetry {
-    /// Builds the OTLP pipeline when `metrics_enabled`. Must run inside a Tokio
-    /// runtime (the tonic channel spawns onto it). Never fails: a bad endpoint is
-    /// logged and metrics are disabled.
+    /// Builds the pipeline `metrics_enabled` and `metrics_exporter` ask for. Must run
+    /// inside a Tokio runtime (the OTLP channel spawns onto it). Never fails: a bad
+    /// endpoint is logged and metrics go nowhere.
     pub fn init(cfg: &ControllerConfig) -> Self {
         if !cfg.metrics_enabled {
             return Self {
-                provider: None,
+                pipeline: None,
                 metrics: AnalyzerMetrics::noop(),
             };
         }
-        let endpoint = cfg.otel_endpoint();
-        let exporter = match opentelemetry_otlp::MetricExporter::builder()
-            .with_tonic()
-            .with_endpoint(endpoint.clone())
-            .with_timeout(Duration::from_secs(5))
-            .build()
-        {
-            Ok(e) => e,
-            Err(e) => {
-                tracing::error!(endpoint = %endpoint, error = %e, "OTLP metric exporter disabled");
-                return Self {
-                    provider: None,
-                    metrics: AnalyzerMetrics::noop(),
-                };
-            }
-        };
-        let reader = PeriodicReader::builder(exporter)
-            .with_interval(Duration::from_millis(cfg.metrics_export_interval_ms.max(1)))
-            .build();
-        let provider = SdkMeterProvider::builder()
-            .with_resource(
-                Resource::builder()
-                    .with_service_name(SERVICE_NAME)
-                    .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
-                    .with_attribute(KeyValue::new(
-                        "service.instance.id",
-                        rpingmesh_proto::host::local_hostname(),
-                    ))
-                    .build(),
-            )
-            .with_reader(reader)
-            .build();
-        let metrics = AnalyzerMetrics::new(&provider.meter("rpingmesh-controller"));
-        tracing::info!(endpoint = %endpoint, interval_ms = cfg.metrics_export_interval_ms, "OTLP metrics enabled");
+        let pipeline = MetricsPipeline::build(PipelineOptions {
+            enabled: true,
+            exporter: cfg.exporter().unwrap_or(Exporter::Otlp),
+            otlp_endpoint: cfg.otel_endpoint(),
+            export_interval: Duration::from_millis(cfg.metrics_export_interval_ms.max(1)),
+            resource: Resource::builder()
+                .with_service_name(SERVICE_NAME)
+                .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
+                .with_attribute(KeyValue::new(
+                    "service.instance.id",
+                    rpingmesh_proto::host::local_hostname(),
+                ))
+                .build(),
+        });
+        let meter = pipeline.provider().meter("rpingmesh-controller");
+        rpingmesh_metrics_export::process::register(&meter, "rpingmesh.controller");
         Self {
-            provider: Some(provider),
-            metrics,
+            metrics: AnalyzerMetrics::new(&meter),
+            pipeline: Some(pipeline),
         }
+    }
+
+    /// The registry `/metrics` serves, when Prometheus export is on.
+    pub fn prometheus_registry(&self) -> Option<rpingmesh_metrics_export::Registry> {
+        self.pipeline.as_ref()?.prometheus_registry()
+    }
+
+    /// Gauges read from the controller's state at collection time: open findings per
+    /// ToR pair and kind, RNICs by liveness, service paths per service.
+    pub fn observe_state(&self, state: &Arc<ControllerState>) {
+        let Some(p) = &self.pipeline else { return };
+        let meter = p.provider().meter("rpingmesh-controller");
+        let st = Arc::downgrade(state);
+        meter
+            .u64_observable_gauge(METRIC_FINDINGS_OPEN)
+            .with_description("Open analyzer findings")
+            .with_callback(move |o| {
+                let Some(st) = st.upgrade() else { return };
+                for ((src, dst, kind), n) in st.open_findings_by_tor_pair() {
+                    o.observe(
+                        n,
+                        &[
+                            KeyValue::new("source_tor", src),
+                            KeyValue::new("target_tor", dst),
+                            KeyValue::new("kind", kind.as_str()),
+                        ],
+                    );
+                }
+            })
+            .build();
+        let st = Arc::downgrade(state);
+        meter
+            .u64_observable_gauge(METRIC_RNICS)
+            .with_description("Registered RNICs by liveness")
+            .with_callback(move |o| {
+                let Some(st) = st.upgrade() else { return };
+                let (active, inactive) = st.rnic_counts();
+                o.observe(active, &[KeyValue::new("state", "active")]);
+                o.observe(inactive, &[KeyValue::new("state", "inactive")]);
+            })
+            .build();
+        let st = Arc::downgrade(state);
+        meter
+            .u64_observable_gauge(METRIC_SERVICE_PATHS)
+            .with_description("Live service paths per service, monitored or not")
+            .with_callback(move |o| {
+                let Some(st) = st.upgrade() else { return };
+                for ((service, monitored), n) in st.service_path_counts() {
+                    o.observe(
+                        n,
+                        &[
+                            KeyValue::new("service", service),
+                            KeyValue::new("monitored", if monitored { "true" } else { "false" }),
+                        ],
+                    );
+                }
+            })
+            .build();
     }
 
     /// Flushes and stops the exporter; errors are logged.
     pub fn shutdown(self) {
-        if let Some(p) = self.provider {
-            if let Err(e) = p.shutdown() {
-                tracing::warn!(error = %e, "metrics shutdown");
-            }
+        if let Some(p) = self.pipeline {
+            p.shutdown();
         }
     }
 }

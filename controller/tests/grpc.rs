@@ -35,6 +35,7 @@ fn gid(t: u32, i: u32) -> String {
 
 fn registration(t: u32, i: u32) -> AgentRegistrationRequest {
     AgentRegistrationRequest {
+        agent_version: String::new(),
         agent_id: format!("agent-{t}-{i}"),
         agent_ip: format!("10.0.{t}.{i}"),
         hostname: format!("host-{t}-{i}"),

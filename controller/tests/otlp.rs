@@ -68,6 +68,7 @@ async fn analyzer_counters_are_exported() {
         .await
         .unwrap();
     ctl.register_agent(AgentRegistrationRequest {
+        agent_version: String::new(),
         agent_id: "a".into(),
         tor_id: "tor-a".into(),
         rnics: vec![RnicInfo {

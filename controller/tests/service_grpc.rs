@@ -30,6 +30,7 @@ const GID_X: &str = "fd00::dead:beef"; // no agent
 
 fn registration(agent: &str, tor: &str, gid: &str, qpn: u32) -> AgentRegistrationRequest {
     AgentRegistrationRequest {
+        agent_version: String::new(),
         agent_id: agent.into(),
         agent_ip: "10.0.0.1".into(),
         hostname: format!("host-{agent}"),

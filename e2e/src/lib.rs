@@ -21,6 +21,9 @@ use rpingmesh_proto::operator::operator_service_client::OperatorServiceClient;
 use rpingmesh_proto::operator::{ListPathsRequest, ListRnicsRequest, RnicStatus};
 use tonic::transport::Channel;
 
+pub mod demo;
+pub mod fake_service;
+pub mod grafana;
 pub mod soak;
 pub mod vm;
 
@@ -419,6 +422,60 @@ pub fn spawn_agent(dir: &Path, netns: Option<&str>, a: &AgentArgs) -> Result<Pro
     Proc::spawn(dir, &a.agent_id, netns, &bin(AGENT_BIN), &a.to_args())
 }
 
+/// A plain HTTP/1.1 GET (the tests' only HTTP client): (status, content type, body).
+pub fn http_get(addr: SocketAddr, path: &str, accept: &str) -> Result<(u16, String, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: {accept}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw)?;
+    let text = String::from_utf8_lossy(&raw).to_string();
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| anyhow::anyhow!("GET {path}: no header end"))?;
+    let status: u16 = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("GET {path}: bad status line"))?;
+    let ctype = head
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("content-type")
+                .then(|| v.trim().to_string())
+        })
+        .unwrap_or_default();
+    let chunked = head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked");
+    let body = if chunked {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
+    Ok((status, ctype, body))
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((len, rest)) = s.split_once("\r\n") {
+        let Ok(n) = usize::from_str_radix(len.trim(), 16) else {
+            break;
+        };
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = rest[n..].strip_prefix("\r\n").unwrap_or(&rest[n..]);
+    }
+    out
+}
+
 /// GID of a UDP pseudo-RNIC bound to an IPv4 address (the v4-mapped IPv6, full form).
 pub fn gid_of(ip: Ipv4Addr) -> String {
     rpingmesh_proto::gid::format_gid(&ip.to_ipv6_mapped())
@@ -630,6 +687,24 @@ pub mod netns {
             let mut v = vec!["ip", "netns", "exec", self.name.as_str()];
             v.extend_from_slice(args);
             run(&v)
+        }
+
+        /// Runs `f` on a thread that has entered the namespace: sockets it opens live there.
+        pub fn run_in<T: Send>(&self, f: impl FnOnce() -> T + Send) -> Result<T> {
+            let path = format!("/run/netns/{}", self.name);
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    use std::os::fd::AsRawFd;
+                    let fd = std::fs::File::open(&path).with_context(|| format!("open {path}"))?;
+                    // SAFETY: setns on a valid namespace fd affects only this thread.
+                    if unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                        bail!("setns {path}: {}", std::io::Error::last_os_error());
+                    }
+                    Ok(f())
+                })
+                .join()
+                .map_err(|_| anyhow::anyhow!("thread in {path} panicked"))?
+            })
         }
 
         /// Loads an nftables rule set inside the namespace.

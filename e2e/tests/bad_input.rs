@@ -141,6 +141,7 @@ async fn register_without_rnics_is_invalid_argument() {
     let mut cc = controller_client(&controller.endpoint()).await.unwrap();
     let err = cc
         .register_agent(AgentRegistrationRequest {
+            agent_version: String::new(),
             agent_id: "empty".into(),
             agent_ip: "127.0.6.1".into(),
             hostname: "empty".into(),

@@ -241,6 +241,7 @@ async fn otlp_metrics_contract() {
     let dead = Ipv4Addr::new(127, 0, 4, 3);
     let mut cc = controller_client(&controller.endpoint()).await.unwrap();
     cc.register_agent(AgentRegistrationRequest {
+        agent_version: String::new(),
         agent_id: "ghost".into(),
         agent_ip: dead.to_string(),
         hostname: "ghost".into(),

@@ -4,12 +4,12 @@
 //! its windows come back with pinglist_type SERVICE; after the QP is destroyed the path
 //! disappears.
 
-use std::io::{BufRead, BufReader, Write};
 use std::net::Ipv4Addr;
-use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::path::Path;
+
 use std::time::{Duration, Instant};
 
+use rpingmesh_e2e::fake_service::{build_fixture, gid_hex, Fixture};
 use rpingmesh_e2e::*;
 use rpingmesh_proto::controller_agent::PinglistType;
 use rpingmesh_proto::operator::{ListServicePathsRequest, ServicePath};
@@ -18,70 +18,6 @@ const A_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 5, 1);
 const B_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 5, 2);
 const FLOW_LABEL: u32 = 0x5a5a5;
 const SERVICE: &str = "fake-ibverbs";
-
-/// Builds the fixture with plain rustc (it has no dependencies), as the tracer's tests do.
-fn build_fixture(dir: &Path) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/fake-ibverbs/src/main.rs");
-    let exe = dir.join(SERVICE);
-    let out = Command::new("rustc")
-        .args(["--edition", "2021", "-C", "opt-level=1", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .output()
-        .expect("rustc runs");
-    assert!(
-        out.status.success(),
-        "building the fixture: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    exe
-}
-
-/// The fixture process, driven line by line; killed on drop.
-struct Fixture {
-    child: Child,
-    stdin: ChildStdin,
-    out: BufReader<ChildStdout>,
-}
-
-impl Fixture {
-    fn spawn(exe: &Path, args: &[&str]) -> Fixture {
-        let mut child = Command::new(exe)
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("fixture starts");
-        let stdin = child.stdin.take().unwrap();
-        let out = BufReader::new(child.stdout.take().unwrap());
-        Fixture { child, stdin, out }
-    }
-    fn expect(&mut self, prefix: &str) -> String {
-        let mut l = String::new();
-        self.out.read_line(&mut l).unwrap();
-        assert!(l.starts_with(prefix), "fixture said {l:?}, want {prefix}");
-        l
-    }
-    fn go(&mut self) {
-        self.stdin.write_all(b"go\n").unwrap();
-        self.stdin.flush().unwrap();
-    }
-}
-
-impl Drop for Fixture {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn gid_hex(ip: Ipv4Addr) -> String {
-    ip.to_ipv6_mapped()
-        .octets()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
 
 async fn service_paths(endpoint: &str) -> Vec<ServicePath> {
     let Ok(mut op) = operator(endpoint).await else {
@@ -104,7 +40,7 @@ async fn service_path_is_learned_probed_and_removed() {
     }
     let started = Instant::now();
     let dir = tempfile::tempdir().unwrap();
-    let fixture = build_fixture(dir.path());
+    let fixture = build_fixture(dir.path(), SERVICE);
     let ctl = spawn_controller(
         dir.path(),
         "controller",

@@ -1,11 +1,11 @@
 //! `cargo xtask demo`: a controller and N agents over udp on loopback addresses, with a
 //! live per-ToR-pair table from the operator API.
 
-use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use rpingmesh_e2e::demo::DemoLayout;
 use rpingmesh_proto::operator::{ListTorPairsRequest, TorPairStats};
 
 use crate::procs::{self, Proc};
@@ -24,11 +24,6 @@ pub struct DemoArgs {
 }
 
 const REFRESH: Duration = Duration::from_secs(5);
-
-/// ToR of agent `i` (0-based): contiguous blocks, as racks are.
-pub fn tor_of(i: usize, agents: usize, tors: usize) -> usize {
-    i * tors / agents + 1
-}
 
 pub fn run(a: DemoArgs) -> Result<()> {
     if a.agents < 2 {
@@ -64,67 +59,46 @@ pub fn run(a: DemoArgs) -> Result<()> {
         .keep();
     eprintln!("xtask demo: logs and database in {}", dir.display());
 
+    let layout = DemoLayout {
+        agents: a.agents as usize,
+        tors: a.tors as usize,
+        ..DemoLayout::DEFAULT
+    };
     let port = procs::free_port()?;
     let listen = format!("127.0.0.1:{port}");
+    let http = format!("127.0.0.1:{}", procs::free_port()?);
+    let metrics = format!("127.0.0.1:{}", procs::free_port()?);
     let mut all: Vec<Proc> = Vec::new();
     let db = format!("sqlite:{}", dir.join("controller.db").display());
     all.push(Proc::spawn(
         &dir,
         "controller",
         &controller_bin,
-        &[
-            "--listen-addr",
-            &listen,
-            "--database-uri",
-            &db,
-            "--metrics-enabled",
-            "false",
-            "--log-level",
-            "info",
-        ]
-        .map(String::from),
+        &layout.controller_args(&listen, &db, &http, &metrics),
     )?);
     let addr = procs::wait_listening(&mut all[0], Duration::from_secs(20))?;
     eprintln!("xtask demo: controller listening on {addr}");
 
-    let (n, t) = (a.agents as usize, a.tors as usize);
-    for i in 0..n {
-        let ip = Ipv4Addr::new(127, 0, 1, i as u8 + 1);
-        let tor = format!("tor-{}", tor_of(i, n, t));
-        let id = format!("agent-{}", i + 1);
-        let args = [
-            "--agent-id",
+    for i in 0..layout.agents {
+        let id = layout.agent_id(i);
+        all.push(Proc::spawn(
+            &dir,
             &id,
-            "--tor-id",
-            &tor,
-            "--controller-addr",
-            &listen,
-            "--udp-addresses",
-            &ip.to_string(),
-            "--udp-port",
-            "18515",
-            "--transport",
-            "udp",
-            "--analysis-window-sec",
-            "5",
-            "--probe-interval-ms",
-            "100",
-            "--tor-mesh-probe-rate-per-second",
-            "10",
-            "--inter-tor-probe-rate-per-second",
-            "5",
-            "--pinglist-update-interval-sec",
-            "10",
-            "--metrics-enabled",
-            "false",
-            "--log-level",
-            "info",
-        ]
-        .map(String::from);
-        all.push(Proc::spawn(&dir, &id, &agent_bin, &args)?);
-        eprintln!("xtask demo: {id} on {ip}:18515 ({tor})");
+            &agent_bin,
+            &layout.agent_args(i, &listen),
+        )?);
+        eprintln!(
+            "xtask demo: {id} on {}:18515 ({}), /metrics on http://{}/metrics",
+            layout.agent_ip(i),
+            layout.tor_of(i),
+            layout.agent_metrics_addr(i)
+        );
     }
-
+    eprintln!("xtask demo: controller /metrics on http://{metrics}/metrics");
+    eprintln!(
+        "xtask demo: Prometheus and Grafana: deploy/prometheus/prometheus.yml and deploy/grafana/"
+    );
+    println!("\n  web page: http://{http}/   (ToR matrix, service paths, findings, RNICs)\n");
     eprintln!(
         "xtask demo: a table every 5 s (Ctrl-C to stop); pinglists refresh every 10 s, so \
          paths fill in as agents learn about peers that registered after them"
@@ -239,14 +213,6 @@ pub fn render(elapsed: Duration, up: usize, total: usize, pairs: &[TorPairStats]
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn tors_are_contiguous_and_balanced() {
-        let tors: Vec<usize> = (0..8).map(|i| tor_of(i, 8, 2)).collect();
-        assert_eq!(tors, [1, 1, 1, 1, 2, 2, 2, 2]);
-        let tors: Vec<usize> = (0..5).map(|i| tor_of(i, 5, 3)).collect();
-        assert_eq!(tors, [1, 1, 2, 2, 3]);
-    }
 
     #[test]
     fn table_shows_loss_and_microseconds() {

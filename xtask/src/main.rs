@@ -167,6 +167,18 @@ const NEEDED: &[Need] = &[
         why: "bindgen's C headers (stddef.h) for the verbs bindings",
     },
     Need {
+        what: "chromium",
+        present: || have_tool("chromium"),
+        package: "chromium",
+        why: "the web page test (headless Chromium against the demo)",
+    },
+    Need {
+        what: "prometheus",
+        present: || have_tool("prometheus") && have_tool("promtool"),
+        package: "prometheus",
+        why: "scraping /metrics and evaluating every Grafana panel's query in a test",
+    },
+    Need {
         what: "cc",
         present: || have_tool("cc"),
         package: "gcc",

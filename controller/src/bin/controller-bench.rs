@@ -206,6 +206,7 @@ async fn bench_register(max_calls: u64, budget: Duration) {
         .expect("connect");
     let mut op = OperatorServiceClient::connect(url).await.expect("connect");
     let reg = |n: u64| AgentRegistrationRequest {
+        agent_version: String::new(),
         agent_id: format!("agent-{n}"),
         agent_ip: "127.0.0.1".into(),
         hostname: format!("host-{n}"),

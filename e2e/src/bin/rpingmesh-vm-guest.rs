@@ -1455,6 +1455,7 @@ fn register_ghost_in(endpoint: String, tor: &'static str) -> tokio::task::JoinHa
             if let Ok(mut c) = controller_client(&endpoint).await {
                 let _ = c
                     .register_agent(AgentRegistrationRequest {
+                        agent_version: String::new(),
                         agent_id: "ghost".into(),
                         agent_ip: FAULT_DEAD_IP.to_string(),
                         hostname: "ghost".into(),

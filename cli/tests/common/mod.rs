@@ -1,0 +1,200 @@
+//! Shared by the CLI tests: an in-process controller, the CLI run as a process, a PKI.
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use rpingmesh_controller::telemetry::AnalyzerMetrics;
+use rpingmesh_controller::ControllerConfig;
+use rpingmesh_proto::controller_agent::{AgentRegistrationRequest, RnicInfo};
+
+pub const GID_A: &str = "fd00:0000:0000:0000:0000:0000:000a:0001";
+pub const GID_B: &str = "fd00:0000:0000:0000:0000:0000:000b:0001";
+pub const GID_X: &str = "fd00:0000:0000:0000:0000:0000:dead:beef";
+
+/// Every variable rpingmeshctl reads, removed so the caller's environment cannot leak in.
+pub const CLI_VARS: [&str; 6] = [
+    "RPINGMESH_CONTROLLER_ADDR",
+    "RPINGMESH_TLS_MODE",
+    "RPINGMESH_TLS_CERT_FILE",
+    "RPINGMESH_TLS_KEY_FILE",
+    "RPINGMESH_TLS_CA_FILE",
+    "RPINGMESH_TLS_SERVER_NAME",
+];
+
+pub fn plain_config() -> ControllerConfig {
+    ControllerConfig {
+        listen_addr: "127.0.0.1:0".into(),
+        database_uri: "sqlite::memory:".into(),
+        metrics_enabled: false,
+        ..Default::default()
+    }
+}
+
+pub async fn start(cfg: &ControllerConfig) -> rpingmesh_controller::ServerHandle {
+    cfg.validate().unwrap();
+    rpingmesh_controller::start(cfg, AnalyzerMetrics::noop())
+        .await
+        .unwrap()
+}
+
+pub fn reg(agent: &str, tor: &str, gid: &str) -> AgentRegistrationRequest {
+    AgentRegistrationRequest {
+        agent_id: agent.into(),
+        agent_ip: "10.0.0.1".into(),
+        hostname: agent.into(),
+        tor_id: tor.into(),
+        rnics: vec![RnicInfo {
+            gid: gid.into(),
+            qpn: 7,
+            ip_address: "10.0.0.1".into(),
+            device_name: "mlx5_0".into(),
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
+/// The CLI as a process, with `env` as its only rpingmeshctl variables.
+pub fn ctl_cmd(args: &[String], env: &[(&str, String)]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_rpingmeshctl"));
+    c.args(args);
+    for v in CLI_VARS {
+        c.env_remove(v);
+    }
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c
+}
+
+/// Runs the CLI off the async workers (it blocks until the process exits); also returns
+/// how long it ran.
+pub async fn ctl_env(args: Vec<String>, env: Vec<(&'static str, String)>) -> (Output, Duration) {
+    tokio::task::spawn_blocking(move || {
+        let t0 = Instant::now();
+        let o = ctl_cmd(&args, &env).output().expect("run rpingmeshctl");
+        (o, t0.elapsed())
+    })
+    .await
+    .unwrap()
+}
+
+pub async fn ctl(args: Vec<String>) -> Output {
+    ctl_env(args, vec![]).await.0
+}
+
+pub fn args(addr: &str, rest: &[&str]) -> Vec<String> {
+    let mut v = vec!["--controller".to_string(), addr.to_string()];
+    v.extend(rest.iter().map(|s| s.to_string()));
+    v
+}
+
+pub fn stdout(o: &Output) -> String {
+    assert!(
+        o.status.success(),
+        "exit {:?}, stderr: {}",
+        o.status,
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8(o.stdout.clone()).unwrap()
+}
+
+/// Asserts the exit status and that stderr is exactly one line; returns that line.
+pub fn fails(o: &Output, code: i32) -> String {
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    assert_eq!(o.status.code(), Some(code), "stderr: {err}");
+    assert!(
+        o.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    assert!(err.starts_with("rpingmeshctl: "), "{err}");
+    err
+}
+
+/// A port nothing listens on (it was free a moment ago).
+pub fn dead_addr() -> String {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    format!("127.0.0.1:{port}")
+}
+
+pub fn have_openssl() -> bool {
+    Command::new("openssl").arg("version").output().is_ok()
+}
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let st = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("run openssl");
+    assert!(
+        st.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&st.stderr)
+    );
+}
+
+/// In `dir`: ca.pem/ca.key, server.pem/server.key (SAN 127.0.0.1 and localhost) and
+/// client.pem/client.key, both signed by the CA (P-256 keys: quick to make).
+pub fn make_pki(dir: &Path) {
+    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"];
+    let mut a = vec!["req", "-x509"];
+    a.extend(ec);
+    a.extend([
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=test-ca",
+    ]);
+    openssl(dir, &a);
+    std::fs::write(
+        dir.join("san.ext"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+    )
+    .unwrap();
+    for name in ["server", "client"] {
+        let (key, csr, pem, subj) = (
+            format!("{name}.key"),
+            format!("{name}.csr"),
+            format!("{name}.pem"),
+            format!("/CN={name}"),
+        );
+        let mut a = vec!["req"];
+        a.extend(ec);
+        a.extend(["-nodes", "-keyout", &key, "-out", &csr, "-subj", &subj]);
+        openssl(dir, &a);
+        openssl(
+            dir,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                &csr,
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                &pem,
+                "-days",
+                "2",
+                "-extfile",
+                "san.ext",
+            ],
+        );
+    }
+}

@@ -1,0 +1,221 @@
+//! The operator web page and its read-only JSON API, on `http_listen_addr`.
+//!
+//! The page is one HTML file compiled into the binary (no external fetches); it polls
+//! the JSON endpoints every few seconds. Handlers are thin: they read the controller's
+//! state and hand it to the pure builders in [`views`].
+
+pub mod views;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::extract::{Query, State};
+use axum::http::header;
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio::task::JoinHandle;
+
+use crate::analyzer::PathFilter;
+use crate::pinglist;
+use crate::service::ControllerState;
+use crate::service_paths::ServicePathFilter;
+use views::{AgentRow, Sla};
+
+/// The page, embedded at build time.
+pub const INDEX_HTML: &str = include_str!("index.html");
+
+/// Rows of the drill-down and of the RNIC table per request (the page pages through).
+const DEFAULT_LIMIT: usize = 500;
+const MAX_LIMIT: usize = 5000;
+
+type St = State<Arc<ControllerState>>;
+
+pub fn router(state: Arc<ControllerState>) -> Router {
+    Router::new()
+        .route("/", get(index))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/api/overview", get(overview))
+        .route("/api/tor-pairs", get(tor_pairs))
+        .route("/api/paths", get(paths))
+        .route("/api/service-paths", get(service_paths))
+        .route("/api/findings", get(findings))
+        .route("/api/rnics", get(rnics))
+        .with_state(state)
+}
+
+/// Binds `addr` and serves the page until the task is aborted.
+pub async fn serve(
+    addr: SocketAddr,
+    state: Arc<ControllerState>,
+) -> std::io::Result<(SocketAddr, JoinHandle<()>)> {
+    rpingmesh_metrics_export::serve(addr, router(state)).await
+}
+
+fn no_store(v: Value) -> Response {
+    ([(header::CACHE_CONTROL, "no-store")], Json(v)).into_response()
+}
+
+async fn index() -> Response {
+    ([(header::CACHE_CONTROL, "no-cache")], Html(INDEX_HTML)).into_response()
+}
+
+pub fn sla(st: &ControllerState) -> Option<Sla> {
+    st.analyzer().map(|a| Sla {
+        loss_ratio: a.params().sla_loss_ratio,
+        network_rtt_p99_ns: a.params().sla_network_rtt_p99_ns,
+    })
+}
+
+fn sla_or_default(st: &ControllerState) -> Sla {
+    sla(st).unwrap_or(Sla {
+        loss_ratio: 1.0,
+        network_rtt_p99_ns: 0,
+    })
+}
+
+/// Every agent with its liveness (an agent is active while any of its RNICs is).
+pub fn agent_rows(st: &ControllerState) -> Vec<AgentRow> {
+    let now = st.liveness_now_sec();
+    let idx = st.registry.index();
+    let mut rows: Vec<AgentRow> = idx
+        .agents()
+        .map(|a| {
+            let gids = idx.agent_gids(&a.agent_id);
+            AgentRow {
+                agent_id: a.agent_id.clone(),
+                hostname: a.hostname.clone(),
+                tor_id: a.tor_id.clone(),
+                version: None,
+                last_seen_unix_sec: a.last_updated,
+                rnics: gids.len(),
+                active: gids
+                    .iter()
+                    .filter_map(|g| idx.rnic(g))
+                    .any(|r| pinglist::is_active(r, now, st.pinglist.active_threshold_sec)),
+            }
+        })
+        .collect();
+    drop(idx);
+    for r in &mut rows {
+        r.version = st.agent_version(&r.agent_id);
+    }
+    rows.sort_by(|a, b| (&a.tor_id, &a.agent_id).cmp(&(&b.tor_id, &b.agent_id)));
+    rows
+}
+
+fn tor_ids(st: &ControllerState) -> Vec<String> {
+    let idx = st.registry.index();
+    (0..idx.tor_count())
+        .map(|i| idx.tor_at(i).0.to_string())
+        .collect()
+}
+
+async fn overview(State(st): St) -> Response {
+    let (active, inactive) = st.rnic_counts();
+    let agents = agent_rows(&st);
+    let open_findings = st.analyzer().map(|a| a.finding_book().open_count());
+    let s = sla(&st);
+    no_store(json!({
+        "controller_version": env!("CARGO_PKG_VERSION"),
+        "now_unix_ms": st.now_ns() / 1_000_000,
+        "analyzer_enabled": s.is_some(),
+        "sla": s.map(|s| json!({
+            "loss_ratio": s.loss_ratio,
+            "network_rtt_p99_ns": s.network_rtt_p99_ns,
+        })),
+        "rnics": { "active": active, "inactive": inactive },
+        "agents": {
+            "total": agents.len(),
+            "active": agents.iter().filter(|a| a.active).count(),
+        },
+        "tors": tor_ids(&st).len(),
+        "findings_open": open_findings,
+        "service_paths": st.service_path_counts().values().sum::<u64>(),
+    }))
+}
+
+async fn tor_pairs(State(st): St) -> Response {
+    let pairs = st.tor_pairs();
+    no_store(views::tor_matrix(
+        &sla_or_default(&st),
+        &tor_ids(&st),
+        &pairs,
+    ))
+}
+
+#[derive(Debug, Deserialize, Default)]
+struct PathsQuery {
+    #[serde(default)]
+    source_tor: String,
+    #[serde(default)]
+    target_tor: String,
+    limit: Option<usize>,
+}
+
+async fn paths(State(st): St, Query(q): Query<PathsQuery>) -> Response {
+    let filter = PathFilter {
+        source_tor_id: &q.source_tor,
+        target_tor_id: &q.target_tor,
+        ..Default::default()
+    };
+    // SERVICE windows re-measure mesh pairs; the drill-down shows network paths.
+    let paths: Vec<_> = st
+        .paths(&filter, false)
+        .into_iter()
+        .filter(|s| s.service.is_empty())
+        .collect();
+    let limit = q.limit.unwrap_or(DEFAULT_LIMIT).clamp(1, MAX_LIMIT);
+    no_store(views::pair_paths(&sla_or_default(&st), paths, limit))
+}
+
+async fn service_paths(State(st): St) -> Response {
+    let list = st.service_paths(&ServicePathFilter::default());
+    let with_history: Vec<_> = match st.analyzer() {
+        Some(a) => list
+            .into_iter()
+            .map(|p| {
+                let h = a
+                    .service_windows(&p.source_gid, &p.target_gid, &p.service)
+                    .into_iter()
+                    .cloned()
+                    .collect();
+                (p, h)
+            })
+            .collect(),
+        None => list.into_iter().map(|p| (p, Vec::new())).collect(),
+    };
+    no_store(views::service_paths(&sla_or_default(&st), &with_history))
+}
+
+async fn findings(State(st): St, Query(q): Query<HashMap<String, String>>) -> Response {
+    let resolved_limit = q
+        .get("resolved_limit")
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(100);
+    let list = st
+        .analyzer()
+        .map(|a| a.findings(resolved_limit))
+        .unwrap_or_default();
+    no_store(views::findings(&sla_or_default(&st), &list))
+}
+
+#[derive(Debug, Deserialize, Default)]
+struct RnicsQuery {
+    #[serde(default)]
+    tor: String,
+    offset: Option<usize>,
+    limit: Option<usize>,
+}
+
+async fn rnics(State(st): St, Query(q): Query<RnicsQuery>) -> Response {
+    let all = st.rnic_statuses(&q.tor);
+    let offset = q.offset.unwrap_or(0).min(all.len());
+    let limit = q.limit.unwrap_or(DEFAULT_LIMIT).clamp(1, MAX_LIMIT);
+    let end = (offset + limit).min(all.len());
+    let agents = agent_rows(&st);
+    no_store(views::rnics(&all[offset..end], all.len(), offset, &agents))
+}
