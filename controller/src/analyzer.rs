@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use rpingmesh_proto::controller_agent::{PathSummary, PinglistType};
 use rpingmesh_proto::operator::TorPairStats;
 
-use crate::findings::{Finding, FindingBook};
+use crate::findings::{Finding, FindingBook, STALE_AFTER_WINDOWS};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AnalyzerParams {
@@ -321,7 +321,11 @@ impl Analyzer {
     /// and inter-ToR path: counts summed, loss = failed/total, quantiles = max over
     /// paths. SERVICE windows re-measure those pairs and are left out so that `paths`
     /// counts network paths, not paths times services; they are in `ListServicePaths`.
-    pub fn tor_pairs(&self) -> Vec<TorPairStats> {
+    ///
+    /// A path whose latest window ended more than [`STALE_AFTER_WINDOWS`] of its windows
+    /// before `now_unix_ns` is no longer measured (an inter-ToR sample moved on, an agent
+    /// went away) and is left out: its last verdict must not colour a pair forever.
+    pub fn tor_pairs(&self, now_unix_ns: u64) -> Vec<TorPairStats> {
         let mut pairs: BTreeMap<(&str, &str), TorPairStats> = BTreeMap::new();
         for (key, p) in &self.paths {
             if key.2 != 0 {
@@ -329,6 +333,11 @@ impl Analyzer {
             }
             let Some(w) = p.windows.back() else { continue };
             let s = &w.summary;
+            let window_ns = (s.window_duration_ms.max(1000) as u64) * 1_000_000;
+            let ended = s.window_start_unix_ns.saturating_add(window_ns);
+            if now_unix_ns > ended.saturating_add(STALE_AFTER_WINDOWS * window_ns) {
+                continue;
+            }
             let e = pairs
                 .entry((s.source_tor_id.as_str(), s.target_tor_id.as_str()))
                 .or_insert_with(|| TorPairStats {
@@ -569,7 +578,7 @@ mod tests {
         z.prober_delay_p50_ns = 5;
         z.responder_delay_p50_ns = 8;
         a.ingest(vec![y, z, s("b1", "a1", 2, 10, 0, 100)], 0);
-        let pairs = a.tor_pairs();
+        let pairs = a.tor_pairs(0);
         assert_eq!(pairs.len(), 2);
         let ab = &pairs[0];
         assert_eq!(
@@ -615,7 +624,7 @@ mod tests {
         a.ingest(vec![sa2.clone()], 0);
         assert_eq!(a.latest_service("a1", "b1", "alpha"), Some(&sa2));
         // ToR pairs count the mesh path only.
-        let pairs = a.tor_pairs();
+        let pairs = a.tor_pairs(0);
         assert_eq!(pairs.len(), 1);
         assert_eq!((pairs[0].paths, pairs[0].probe_failed), (1, 0));
     }

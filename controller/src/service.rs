@@ -167,9 +167,13 @@ impl ControllerState {
             .map(|a| a.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
-    /// Per ToR pair, the latest window of each path (gRPC ListTorPairs, the web matrix).
+    /// Per ToR pair, the latest window of each path still measured (gRPC ListTorPairs,
+    /// the web matrix).
     pub fn tor_pairs(&self) -> Vec<TorPairStats> {
-        self.analyzer().map(|a| a.tor_pairs()).unwrap_or_default()
+        let now = self.now_ns();
+        self.analyzer()
+            .map(|a| a.tor_pairs(now))
+            .unwrap_or_default()
     }
 
     /// Latest (or every retained) window of the matching paths.

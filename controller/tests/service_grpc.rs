@@ -194,7 +194,8 @@ async fn service_flows_become_service_targets_and_listed_paths() {
         target_gid: GID_B.into(),
         target_tor_id: "tor-2".into(),
         target_qpn: 22,
-        window_start_unix_ns: 50 * SEC,
+        // Near the harness clock (1,000,000 s): older windows are not measured any more.
+        window_start_unix_ns: 1_000_000 * SEC + 50 * SEC,
         window_duration_ms: 30_000,
         probe_total: 100,
         probe_success: 100 - failed,

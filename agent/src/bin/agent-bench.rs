@@ -286,6 +286,59 @@ fn main() {
         json!({"bench": "agent_vs_baseline", "ratio": median(paired), "ratio_min": rmin, "ratio_max": rmax,
                "ratio_of_medians": if b > 0.0 { a / b } else { 0.0 }, "target": 0.7})
     );
+    scrape_bench(64, 200);
+}
+
+/// A Prometheus scrape (collection + OpenMetrics encoding) of an agent whose 64 targets
+/// each sit in their own ToR (the most series ToR-level attributes allow), every path
+/// with probes recorded, against the scrape of an agent without targets in the same run.
+fn scrape_bench(targets: usize, samples: usize) {
+    use rpingmesh_agent::telemetry::{FailReason, PathAttrs, Telemetry};
+    use rpingmesh_metrics_export::{openmetrics, scrape, Exporter};
+    let measure = |targets: usize| {
+        let t = Telemetry::init(
+            true,
+            Exporter::Prometheus,
+            "localhost:4317",
+            Duration::from_secs(10),
+            "bench",
+        );
+        for i in 0..targets {
+            let attrs = PathAttrs::new("tor-0", &format!("tor-{}", i + 1));
+            t.metrics.init_path(&attrs);
+            for k in 0..50u64 {
+                let s = rpingmesh_protocol::rtt::RttSample {
+                    network_rtt_ns: 2_000 + 37 * k,
+                    prober_delay_ns: 40_000 + k,
+                    responder_delay_ns: 30_000 + k,
+                };
+                t.metrics.record_success(&attrs, &s);
+            }
+            t.metrics.record_failure(&attrs, FailReason::Timeout);
+        }
+        let reg = t.prometheus_registry().expect("prometheus registry");
+        let mut lat = Vec::with_capacity(samples);
+        let mut bytes = 0;
+        for _ in 0..samples {
+            let start = Instant::now();
+            let (_, body) = scrape(&reg, openmetrics::CONTENT_TYPE);
+            lat.push(start.elapsed().as_secs_f64() * 1e6);
+            bytes = body.len();
+        }
+        lat.sort_by(|a, b| a.total_cmp(b));
+        let q = |f: f64| lat[((lat.len() - 1) as f64 * f).round() as usize];
+        (bytes, q(0.5), q(0.99))
+    };
+    let (bb, b50, b99) = measure(0);
+    let (ab, a50, a99) = measure(targets);
+    println!(
+        "{}",
+        json!({"bench": "metrics_scrape", "targets": targets, "tor_pairs": targets, "samples": samples,
+               "bytes": ab, "p50_us": a50, "p99_us": a99,
+               "baseline": "the same scrape of an agent without targets (process and health metrics only)",
+               "baseline_bytes": bb, "baseline_p50_us": b50, "baseline_p99_us": b99,
+               "ratio_p50": if b50 > 0.0 { a50 / b50 } else { 0.0 }})
+    );
 }
 
 /// `DEV:GID,DEV:GID`.

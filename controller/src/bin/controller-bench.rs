@@ -5,6 +5,8 @@
 //!   against a trivial unary RPC (ListViolations limit 0) measured interleaved in the
 //!   same run. The registry is filled through the registry API directly (same code
 //!   path as RegisterAgent minus gRPC) to keep the fill fast.
+//! - web_json: the web page's JSON endpoints (HTTP/1.1, a connection per request) with
+//!   100,000 RNICs and 200,000 paths, next to GetPinglist on the same server (100 rounds).
 //! - register_agent: sequential RegisterAgent RPCs/s, one agent with one RNIC per call.
 //! - analyzer_ingest: PathSummary ingest rate on one thread vs. moving the same
 //!   summaries into a Vec.
@@ -88,8 +90,9 @@ async fn server() -> ServerHandle {
         .expect("start controller")
 }
 
-async fn bench_pinglist(rnics: u64, tors: u64, samples: usize) {
-    let srv = server().await;
+/// Registers `rnics` agents of one RNIC each, `rnics / tors` per ToR, through the
+/// registry API.
+fn fill(srv: &ServerHandle, rnics: u64, tors: u64) -> Duration {
     let per_tor = rnics / tors;
     let now = srv.state.now_sec();
     let fill_start = Instant::now();
@@ -117,7 +120,13 @@ async fn bench_pinglist(rnics: u64, tors: u64, samples: usize) {
             .register_agent(&agent, &[r], now)
             .expect("fill");
     }
-    let fill = fill_start.elapsed();
+    fill_start.elapsed()
+}
+
+async fn bench_pinglist(rnics: u64, tors: u64, samples: usize) {
+    let srv = server().await;
+    let per_tor = rnics / tors;
+    let fill = fill(&srv, rnics, tors);
     let url = format!("http://{}", srv.local_addr);
     let mut ctl = ControllerServiceClient::connect(url.clone())
         .await
@@ -253,6 +262,146 @@ async fn bench_register(max_calls: u64, budget: Duration) {
         "baseline_per_sec": trivial as f64 / tsecs,
         "ratio": (calls as f64 / secs) / (trivial as f64 / tsecs),
     }));
+    srv.shutdown().await.expect("shutdown");
+}
+
+/// One GET over a fresh connection (as the page's browser may): (latency, body bytes).
+fn http_get(addr: std::net::SocketAddr, path: &str) -> (Duration, usize) {
+    use std::io::{Read, Write};
+    let start = Instant::now();
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send");
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).expect("read");
+    assert!(
+        buf.starts_with(b"HTTP/1.1 200"),
+        "GET {path}: {}",
+        String::from_utf8_lossy(&buf[..buf.len().min(200)])
+    );
+    (start.elapsed(), buf.len())
+}
+
+/// The web page's JSON endpoints with `rnics` RNICs registered and the latest windows of
+/// two paths per RNIC (one ToR-mesh, one inter-ToR) in the analyzer, next to GetPinglist
+/// (ToR-mesh) on the same server, interleaved.
+async fn bench_web(rnics: u64, tors: u64, samples: usize) {
+    let mut cfg = bench_config();
+    cfg.http_listen_addr = "127.0.0.1:0".into();
+    let srv = start(&cfg, AnalyzerMetrics::noop())
+        .await
+        .expect("start controller");
+    let per_tor = rnics / tors;
+    fill(&srv, rnics, tors);
+    let tor = |n: u64| format!("tor-{}", n / per_tor);
+    let mut batch = Vec::with_capacity(2 * rnics as usize);
+    for n in 0..rnics {
+        let same = n / per_tor * per_tor + (n + 1) % per_tor;
+        let next = (n + per_tor) % rnics;
+        for dst in [same, next] {
+            batch.push(PathSummary {
+                source_gid: gid_of(n),
+                source_tor_id: tor(n),
+                target_gid: gid_of(dst),
+                target_tor_id: tor(dst),
+                target_qpn: 1000,
+                window_start_unix_ns: srv.state.now_ns() / 10_000_000_000 * 10_000_000_000,
+                window_duration_ms: 10_000,
+                probe_total: 100,
+                probe_success: 100 - (n % 50 == 0) as u32 * 10,
+                probe_failed: (n % 50 == 0) as u32 * 10,
+                network_rtt_p50_ns: 5_000,
+                network_rtt_p99_ns: 20_000,
+                ..Default::default()
+            });
+        }
+    }
+    let paths = batch.len();
+    {
+        let mut a = srv
+            .state
+            .analyzer
+            .as_ref()
+            .expect("analyzer")
+            .lock()
+            .unwrap();
+        let now = srv.state.now_ns();
+        for b in batches(batch) {
+            a.ingest(b, now);
+        }
+    }
+    let http = srv.http_addr.expect("http listener");
+    let url = format!("http://{}", srv.local_addr);
+    let mut ctl = ControllerServiceClient::connect(url)
+        .await
+        .expect("connect");
+    let endpoints = [
+        "/api/overview".to_string(),
+        "/api/tor-pairs".to_string(),
+        format!(
+            "/api/paths?source_tor={}&target_tor={}",
+            tor(0),
+            tor(per_tor)
+        ),
+        "/api/findings".to_string(),
+        "/api/service-paths".to_string(),
+        "/api/rnics?limit=500".to_string(),
+    ];
+    let mut lat: Vec<Vec<u64>> = vec![Vec::with_capacity(samples); endpoints.len()];
+    let mut bytes = vec![0usize; endpoints.len()];
+    let mut pinglist = Vec::with_capacity(samples);
+    let mut rng = XorShift(0x2545_F491_4F6C_DD1D);
+    for round in 0..samples + 5 {
+        let n = rng.below(rnics);
+        let t = Instant::now();
+        ctl.get_pinglist(PinglistRequest {
+            agent_id: format!("agent-{n}"),
+            tor_id: tor(n),
+            requester_gid: gid_of(n),
+            r#type: PinglistType::TorMesh as i32,
+        })
+        .await
+        .expect("pinglist");
+        let p = t.elapsed().as_nanos() as u64;
+        for (i, e) in endpoints.iter().enumerate() {
+            let e = e.clone();
+            let (d, b) = tokio::task::spawn_blocking(move || http_get(http, &e))
+                .await
+                .unwrap();
+            if round >= 5 {
+                lat[i].push(d.as_nanos() as u64);
+                bytes[i] = b;
+            }
+        }
+        if round >= 5 {
+            pinglist.push(p);
+        }
+    }
+    pinglist.sort_unstable();
+    let (g50, g99) = (percentile(&pinglist, 0.5), percentile(&pinglist, 0.99));
+    for (i, e) in endpoints.iter().enumerate() {
+        lat[i].sort_unstable();
+        let (p50, p99) = (percentile(&lat[i], 0.5), percentile(&lat[i], 0.99));
+        let name = e.split('?').next().unwrap_or(e);
+        emit(json!({
+            "bench": "web_json",
+            "endpoint": name,
+            "rnics": rnics,
+            "tors": tors,
+            "paths": paths,
+            "samples": samples,
+            "bytes": bytes[i],
+            "p50_ns": p50,
+            "p99_ns": p99,
+            "baseline": "GetPinglist (ToR-mesh) on the same server, interleaved",
+            "baseline_p50_ns": g50,
+            "baseline_p99_ns": g99,
+            "ratio_p99": p99 as f64 / g99.max(1) as f64,
+        }));
+    }
     srv.shutdown().await.expect("shutdown");
 }
 
@@ -466,10 +615,12 @@ fn main() {
     rt.block_on(async {
         if quick {
             bench_pinglist(1_000, 100, 300).await;
+            bench_web(1_000, 100, 30).await;
             bench_register(1_000, Duration::from_secs(2)).await;
         } else {
             bench_pinglist(10_000, 1_000, 3_000).await;
             bench_pinglist(100_000, 10_000, 3_000).await;
+            bench_web(100_000, 10_000, 100).await;
             bench_register(20_000, Duration::from_secs(5)).await;
         }
     });

@@ -107,6 +107,24 @@ pub fn agent_rows(st: &ControllerState) -> Vec<AgentRow> {
     rows
 }
 
+/// (total, active) agents, without building rows (the overview polls it every 2 s).
+fn agent_counts(st: &ControllerState) -> (usize, usize) {
+    let now = st.liveness_now_sec();
+    let idx = st.registry.index();
+    let mut total = 0;
+    let mut active = 0;
+    for a in idx.agents() {
+        total += 1;
+        let live = idx
+            .agent_gids(&a.agent_id)
+            .iter()
+            .filter_map(|g| idx.rnic(g))
+            .any(|r| pinglist::is_active(r, now, st.pinglist.active_threshold_sec));
+        active += live as usize;
+    }
+    (total, active)
+}
+
 fn tor_ids(st: &ControllerState) -> Vec<String> {
     let idx = st.registry.index();
     (0..idx.tor_count())
@@ -116,7 +134,7 @@ fn tor_ids(st: &ControllerState) -> Vec<String> {
 
 async fn overview(State(st): St) -> Response {
     let (active, inactive) = st.rnic_counts();
-    let agents = agent_rows(&st);
+    let (agents_total, agents_active) = agent_counts(&st);
     let open_findings = st.analyzer().map(|a| a.finding_book().open_count());
     let s = sla(&st);
     no_store(json!({
@@ -128,22 +146,28 @@ async fn overview(State(st): St) -> Response {
             "network_rtt_p99_ns": s.network_rtt_p99_ns,
         })),
         "rnics": { "active": active, "inactive": inactive },
-        "agents": {
-            "total": agents.len(),
-            "active": agents.iter().filter(|a| a.active).count(),
-        },
-        "tors": tor_ids(&st).len(),
+        "agents": { "total": agents_total, "active": agents_active },
+        "tors": st.registry.index().tor_count(),
         "findings_open": open_findings,
         "service_paths": st.service_path_counts().values().sum::<u64>(),
     }))
 }
 
-async fn tor_pairs(State(st): St) -> Response {
+/// ToRs in the matrix unless `max_tors` says otherwise.
+const DEFAULT_MAX_TORS: usize = 64;
+
+async fn tor_pairs(State(st): St, Query(q): Query<HashMap<String, String>>) -> Response {
+    let max_tors = q
+        .get("max_tors")
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(DEFAULT_MAX_TORS)
+        .clamp(1, 1024);
     let pairs = st.tor_pairs();
     no_store(views::tor_matrix(
         &sla_or_default(&st),
         &tor_ids(&st),
         &pairs,
+        max_tors,
     ))
 }
 
@@ -192,15 +216,16 @@ async fn service_paths(State(st): St) -> Response {
 }
 
 async fn findings(State(st): St, Query(q): Query<HashMap<String, String>>) -> Response {
-    let resolved_limit = q
-        .get("resolved_limit")
-        .and_then(|v| v.parse::<usize>().ok())
-        .unwrap_or(100);
+    let num = |k: &str, d: usize| q.get(k).and_then(|v| v.parse::<usize>().ok()).unwrap_or(d);
     let list = st
         .analyzer()
-        .map(|a| a.findings(resolved_limit))
+        .map(|a| a.findings(num("resolved_limit", 100)))
         .unwrap_or_default();
-    no_store(views::findings(&sla_or_default(&st), &list))
+    no_store(views::findings(
+        &sla_or_default(&st),
+        &list,
+        num("limit", DEFAULT_LIMIT).clamp(1, MAX_LIMIT),
+    ))
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -217,5 +242,13 @@ async fn rnics(State(st): St, Query(q): Query<RnicsQuery>) -> Response {
     let limit = q.limit.unwrap_or(DEFAULT_LIMIT).clamp(1, MAX_LIMIT);
     let end = (offset + limit).min(all.len());
     let agents = agent_rows(&st);
-    no_store(views::rnics(&all[offset..end], all.len(), offset, &agents))
+    let a_off = offset.min(agents.len());
+    let a_end = (a_off + limit).min(agents.len());
+    no_store(views::rnics(
+        &all[offset..end],
+        all.len(),
+        offset,
+        &agents[a_off..a_end],
+        agents.len(),
+    ))
 }

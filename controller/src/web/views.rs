@@ -38,8 +38,14 @@ fn loss(total: u64, failed: u64) -> f64 {
 }
 
 /// The ToR x ToR matrix: every ToR that has RNICs or windows, and one cell per pair with
-/// windows.
-pub fn tor_matrix(sla: &Sla, registered_tors: &[String], pairs: &[TorPairStats]) -> Value {
+/// windows. Beyond `max_tors` ToRs (a matrix nobody can read, and megabytes per poll) it
+/// keeps the ToRs of the worst cells, so a red cell is never the one left out.
+pub fn tor_matrix(
+    sla: &Sla,
+    registered_tors: &[String],
+    pairs: &[TorPairStats],
+    max_tors: usize,
+) -> Value {
     let mut tors: Vec<&str> = registered_tors.iter().map(String::as_str).collect();
     for p in pairs {
         tors.push(&p.source_tor_id);
@@ -47,7 +53,44 @@ pub fn tor_matrix(sla: &Sla, registered_tors: &[String], pairs: &[TorPairStats])
     }
     tors.sort_unstable();
     tors.dedup();
-    let cells: Vec<Value> = pairs
+    let tors_total = tors.len();
+    let mut shown: Vec<&TorPairStats> = pairs.iter().collect();
+    if tors.len() > max_tors {
+        let rank = |p: &TorPairStats| {
+            let st = status(sla, p.probe_total, p.loss_ratio, p.network_rtt_p99_ns);
+            let level = match st {
+                "loss" => 3,
+                "rtt" => 2,
+                "ok" => 1,
+                _ => 0,
+            };
+            (level, p.loss_ratio, p.network_rtt_p99_ns)
+        };
+        let mut worst = shown.clone();
+        worst.sort_by(|a, b| {
+            rank(b)
+                .partial_cmp(&rank(a))
+                .unwrap_or(std::cmp::Ordering::Equal)
+        });
+        let mut keep: Vec<&str> = Vec::with_capacity(max_tors);
+        for p in worst {
+            for t in [p.source_tor_id.as_str(), p.target_tor_id.as_str()] {
+                if keep.len() < max_tors && !keep.contains(&t) {
+                    keep.push(t);
+                }
+            }
+            if keep.len() >= max_tors {
+                break;
+            }
+        }
+        keep.sort_unstable();
+        tors = keep;
+        shown.retain(|p| {
+            tors.binary_search(&p.source_tor_id.as_str()).is_ok()
+                && tors.binary_search(&p.target_tor_id.as_str()).is_ok()
+        });
+    }
+    let cells: Vec<Value> = shown
         .iter()
         .map(|p| {
             json!({
@@ -65,7 +108,7 @@ pub fn tor_matrix(sla: &Sla, registered_tors: &[String], pairs: &[TorPairStats])
             })
         })
         .collect();
-    json!({ "tors": tors, "cells": cells })
+    json!({ "tors": tors, "tors_total": tors_total, "cells": cells })
 }
 
 fn kind_name(t: i32) -> &'static str {
@@ -208,10 +251,12 @@ pub fn finding_headline(f: &Finding, sla: &Sla) -> String {
     )
 }
 
-pub fn findings(sla: &Sla, list: &[Finding]) -> Value {
+/// Findings, open ones first; at most `limit` of them in the list (`open` counts all).
+pub fn findings(sla: &Sla, list: &[Finding], limit: usize) -> Value {
     let open = list.iter().filter(|f| f.is_open()).count();
     let items: Vec<Value> = list
         .iter()
+        .take(limit)
         .map(|f| {
             json!({
                 "id": f.id,
@@ -244,7 +289,7 @@ pub fn findings(sla: &Sla, list: &[Finding]) -> Value {
             })
         })
         .collect();
-    json!({ "open": open, "findings": items })
+    json!({ "open": open, "total": list.len(), "findings": items })
 }
 
 /// An agent as the page lists it.
@@ -259,8 +304,14 @@ pub struct AgentRow {
     pub active: bool,
 }
 
-/// RNICs (one page of them) and every agent.
-pub fn rnics(page: &[RnicStatus], total: usize, offset: usize, agents: &[AgentRow]) -> Value {
+/// RNICs and agents, one page of each (`total` / `agents_total` count them all).
+pub fn rnics(
+    page: &[RnicStatus],
+    total: usize,
+    offset: usize,
+    agents: &[AgentRow],
+    agents_total: usize,
+) -> Value {
     let rows: Vec<Value> = page
         .iter()
         .map(|r| {
@@ -297,7 +348,7 @@ pub fn rnics(page: &[RnicStatus], total: usize, offset: usize, agents: &[AgentRo
             })
         })
         .collect();
-    json!({ "total": total, "offset": offset, "rnics": rows, "agents": agents })
+    json!({ "total": total, "offset": offset, "rnics": rows, "agents": agents, "agents_total": agents_total })
 }
 
 #[cfg(test)]
@@ -335,9 +386,20 @@ mod tests {
             loss_ratio: 0.5,
             ..Default::default()
         };
-        let m = tor_matrix(&SLA, &["tor-1".into(), "tor-2".into()], &[p]);
+        let m = tor_matrix(&SLA, &["tor-1".into(), "tor-2".into()], &[p.clone()], 64);
         assert_eq!(m["tors"], json!(["tor-1", "tor-2", "tor-3"]));
         assert_eq!(m["cells"][0]["status"], "loss");
+        // Capped: the ToRs of the worst cell stay.
+        let ok = TorPairStats {
+            source_tor_id: "tor-1".into(),
+            target_tor_id: "tor-1".into(),
+            probe_total: 10,
+            ..Default::default()
+        };
+        let m = tor_matrix(&SLA, &[], &[ok, p], 2);
+        assert_eq!(m["tors"], json!(["tor-2", "tor-3"]));
+        assert_eq!(m["tors_total"], 3);
+        assert_eq!(m["cells"].as_array().unwrap().len(), 1);
     }
 
     #[test]
@@ -381,8 +443,9 @@ mod tests {
             worst: ev,
             resolved_by: None,
         };
-        let v = findings(&SLA, &[f]);
-        assert_eq!(v["open"], 1);
+        let v = findings(&SLA, &[f.clone(), f], 1);
+        assert_eq!(v["findings"].as_array().unwrap().len(), 1);
+        assert_eq!(v["open"], 2);
         assert_eq!(v["findings"][0]["status"], "open");
         assert_eq!(
             v["findings"][0]["headline"],
@@ -402,7 +465,7 @@ mod tests {
             rnics: 1,
             active: true,
         };
-        let v = rnics(&[], 0, 0, &[a]);
+        let v = rnics(&[], 0, 0, &[a], 1);
         assert_eq!(v["agents"][0]["version"], "go (no version)");
     }
 }
