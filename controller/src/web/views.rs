@@ -386,7 +386,12 @@ mod tests {
             loss_ratio: 0.5,
             ..Default::default()
         };
-        let m = tor_matrix(&SLA, &["tor-1".into(), "tor-2".into()], &[p.clone()], 64);
+        let m = tor_matrix(
+            &SLA,
+            &["tor-1".into(), "tor-2".into()],
+            std::slice::from_ref(&p),
+            64,
+        );
         assert_eq!(m["tors"], json!(["tor-1", "tor-2", "tor-3"]));
         assert_eq!(m["cells"][0]["status"], "loss");
         // Capped: the ToRs of the worst cell stay.
