@@ -202,36 +202,43 @@ impl ControllerState {
 
     /// Every RNIC (or one ToR's) with its liveness, sorted by (ToR, GID).
     pub fn rnic_statuses(&self, tor_id: &str) -> Vec<RnicStatus> {
+        self.rnic_page(tor_id, 0, usize::MAX).0
+    }
+
+    /// One page (`offset`, `limit`) of [`Self::rnic_statuses`] and the number of RNICs:
+    /// only the page is copied out of the index.
+    pub fn rnic_page(&self, tor_id: &str, offset: usize, limit: usize) -> (Vec<RnicStatus>, usize) {
         let now = self.liveness_now_sec();
         let idx = self.registry.index();
-        let to_status = |r: &RnicRecord| RnicStatus {
-            rnic: Some(RnicInfo {
-                gid: r.gid.clone(),
-                qpn: r.qpn,
-                ip_address: r.ip_address.clone(),
-                host_name: r.host_name.clone(),
-                tor_id: r.tor_id.clone(),
-                device_name: r.device_name.clone(),
-            }),
-            agent_id: r.agent_id.clone(),
-            last_updated_unix_sec: r.last_updated,
-            active: pinglist::is_active(r, now, self.pinglist.active_threshold_sec),
-        };
-        let mut rnics: Vec<RnicStatus> = if tor_id.is_empty() {
-            idx.rnics().map(to_status).collect()
+        let mut rows: Vec<&RnicRecord> = if tor_id.is_empty() {
+            idx.rnics().collect()
         } else {
             idx.tor_gids(tor_id)
                 .iter()
                 .filter_map(|g| idx.rnic(g))
-                .map(to_status)
                 .collect()
         };
-        drop(idx);
-        rnics.sort_by(|a, b| {
-            let (a, b) = (a.rnic.as_ref().unwrap(), b.rnic.as_ref().unwrap());
-            (&a.tor_id, &a.gid).cmp(&(&b.tor_id, &b.gid))
-        });
-        rnics
+        rows.sort_unstable_by(|a, b| (&a.tor_id, &a.gid).cmp(&(&b.tor_id, &b.gid)));
+        let total = rows.len();
+        let page = rows
+            .into_iter()
+            .skip(offset)
+            .take(limit)
+            .map(|r| RnicStatus {
+                rnic: Some(RnicInfo {
+                    gid: r.gid.clone(),
+                    qpn: r.qpn,
+                    ip_address: r.ip_address.clone(),
+                    host_name: r.host_name.clone(),
+                    tor_id: r.tor_id.clone(),
+                    device_name: r.device_name.clone(),
+                }),
+                agent_id: r.agent_id.clone(),
+                last_updated_unix_sec: r.last_updated,
+                active: pinglist::is_active(r, now, self.pinglist.active_threshold_sec),
+            })
+            .collect();
+        (page, total)
     }
 
     /// Open findings per (source ToR, target ToR, kind).

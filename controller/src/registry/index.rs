@@ -224,6 +224,10 @@ impl RegistryIndex {
         self.rnics.len()
     }
 
+    pub fn agent_count(&self) -> usize {
+        self.agents.len()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.rnics.is_empty()
     }

@@ -77,12 +77,14 @@ fn sla_or_default(st: &ControllerState) -> Sla {
     })
 }
 
-/// Every agent with its liveness (an agent is active while any of its RNICs is).
-pub fn agent_rows(st: &ControllerState) -> Vec<AgentRow> {
+/// The named agents with their liveness (an agent is active while any of its RNICs
+/// is), sorted by (ToR, agent id).
+pub fn agent_rows(st: &ControllerState, ids: &[&str]) -> Vec<AgentRow> {
     let now = st.liveness_now_sec();
     let idx = st.registry.index();
-    let mut rows: Vec<AgentRow> = idx
-        .agents()
+    let mut rows: Vec<AgentRow> = ids
+        .iter()
+        .filter_map(|id| idx.agent(id))
         .map(|a| {
             let gids = idx.agent_gids(&a.agent_id);
             AgentRow {
@@ -236,19 +238,15 @@ struct RnicsQuery {
     limit: Option<usize>,
 }
 
+/// A page of RNICs, and the agents those RNICs belong to.
 async fn rnics(State(st): St, Query(q): Query<RnicsQuery>) -> Response {
-    let all = st.rnic_statuses(&q.tor);
-    let offset = q.offset.unwrap_or(0).min(all.len());
+    let offset = q.offset.unwrap_or(0);
     let limit = q.limit.unwrap_or(DEFAULT_LIMIT).clamp(1, MAX_LIMIT);
-    let end = (offset + limit).min(all.len());
-    let agents = agent_rows(&st);
-    let a_off = offset.min(agents.len());
-    let a_end = (a_off + limit).min(agents.len());
-    no_store(views::rnics(
-        &all[offset..end],
-        all.len(),
-        offset,
-        &agents[a_off..a_end],
-        agents.len(),
-    ))
+    let (page, total) = st.rnic_page(&q.tor, offset, limit);
+    let mut ids: Vec<&str> = page.iter().map(|r| r.agent_id.as_str()).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let agents = agent_rows(&st, &ids);
+    let agents_total = st.registry.index().agent_count();
+    no_store(views::rnics(&page, total, offset, &agents, agents_total))
 }
