@@ -68,6 +68,11 @@ struct Page {
 }
 
 fn chromium(ns: &Netns, dir: &Path, screenshot: Option<&Path>) -> Page {
+    chromium_at(ns, dir, screenshot, "")
+}
+
+/// As [`chromium`], at `fragment` of the page (e.g. `#pair=tor-1,tor-2`).
+fn chromium_at(ns: &Netns, dir: &Path, screenshot: Option<&Path>, fragment: &str) -> Page {
     let profile = tempfile::tempdir_in(dir).unwrap();
     let mut args: Vec<String> = [
         "netns",
@@ -93,7 +98,7 @@ fn chromium(ns: &Netns, dir: &Path, screenshot: Option<&Path>) -> Page {
         Some(p) => args.push(format!("--screenshot={}", p.display())),
         None => args.push("--dump-dom".into()),
     }
-    args.push(format!("http://{HTTP}/"));
+    args.push(format!("http://{HTTP}/{fragment}"));
     let out = Command::new("ip")
         .args(&args)
         .output()
@@ -192,6 +197,9 @@ async fn web_page_prometheus_and_dashboards_against_the_demo() {
     let dir = tempfile::tempdir().unwrap();
     let layout = DemoLayout::DEFAULT;
     let window = Duration::from_secs(layout.window_sec);
+    // Screenshots of each stage, kept for a look after the run.
+    let shots = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/ui-screenshots");
+    std::fs::create_dir_all(&shots).unwrap();
 
     // The demo, as `cargo xtask demo` starts it, in the namespace.
     let mut ctl = Proc::spawn(
@@ -324,6 +332,7 @@ async fn web_page_prometheus_and_dashboards_against_the_demo() {
     assert_eq!(svc["qps"][0]["local_qpn"], 0x345);
 
     // 3. The page, healthy: the demo's ToR pairs, all green; the live service path.
+    chromium(&ns, dir.path(), Some(&shots.join("healthy.png")));
     let page = chromium(&ns, dir.path(), None);
     assert_page_is_clean(&page, "healthy page");
     for (s, d) in [
@@ -348,6 +357,27 @@ async fn web_page_prometheus_and_dashboards_against_the_demo() {
     assert!(page
         .dom
         .contains("class=\"agent\" data-agent=\"agent-8\" data-active=\"true\""));
+    // The drill-down of a pair (what a click on its cell shows: the cell sets this URL).
+    chromium_at(
+        &ns,
+        dir.path(),
+        Some(&shots.join("healthy-drill.png")),
+        "#pair=tor-1,tor-2",
+    );
+    let drill = chromium_at(&ns, dir.path(), None, "#pair=tor-1,tor-2");
+    assert_page_is_clean(&drill, "drill-down page");
+    assert!(
+        drill
+            .dom
+            .contains("data-src=\"tor-1\" data-dst=\"tor-2\">Paths tor-1 → tor-2"),
+        "the drill-down is not of tor-1 -> tor-2:\n{}",
+        drill.dom
+    );
+    assert!(
+        drill.dom.contains("<tr class=\"path\" data-status=\"ok\">"),
+        "no path rows:\n{}",
+        drill.dom
+    );
 
     // 4. Loss on agent-8: every probe arriving at it is dropped.
     let lossy_ip = layout.agent_ip(LOSSY_AGENT);
@@ -406,7 +436,7 @@ async fn web_page_prometheus_and_dashboards_against_the_demo() {
     let p = chromium(&ns, dir.path(), None);
     let red_on_page = injected.elapsed();
     assert_page_is_clean(&p, "page under loss");
-    for (s, d) in [("tor-1", "tor-2"), ("tor-2", "tor-1"), ("tor-2", "tor-2")] {
+    for (s, d) in lossy_cells {
         assert_eq!(
             cell_status(&p.dom, s, d).as_deref(),
             Some("loss"),
@@ -446,6 +476,8 @@ async fn web_page_prometheus_and_dashboards_against_the_demo() {
         red_in_api <= bound,
         "red in the API after {red_in_api:?}; bound {bound:?}"
     );
+
+    chromium(&ns, dir.path(), Some(&shots.join("loss.png")));
 
     // 5. Prometheus: every dashboard panel's query returns series (under loss, so the
     // violation and open-finding panels have something to show).
@@ -561,11 +593,9 @@ async fn web_page_prometheus_and_dashboards_against_the_demo() {
         page.dom
     );
 
-    // The README's screenshot: `RPINGMESH_UI_SCREENSHOT=docs/ui.png` refreshes it.
-    let shot = match std::env::var("RPINGMESH_UI_SCREENSHOT") {
-        Ok(p) => Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(p),
-        Err(_) => dir.path().join("ui.png"),
-    };
+    // Screenshots of each stage land in target/ui-screenshots/; the README's
+    // docs/ui.png is a copy of loss.png.
+    let shot = shots.join("recovered.png");
     let p = chromium(&ns, dir.path(), Some(&shot));
     let png = std::fs::read(&shot)
         .unwrap_or_else(|e| panic!("no screenshot {}: {e}\n{}", shot.display(), p.log));
