@@ -8,7 +8,7 @@ use rpingmesh_proto::controller_agent::{
     ProbeAnalysisAck, ProbeAnalysisReport, RnicInfo, ServiceFlowAck, ServiceFlowReport,
 };
 use rpingmesh_protocol::PinglistKind;
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use tonic::transport::{Channel, Endpoint};
 
 use crate::config::{AgentConfig, TlsMode};
 
@@ -107,22 +107,14 @@ impl ControllerClient {
             .timeout(RPC_TIMEOUT)
             .tcp_nodelay(true);
         if tls {
-            let read = |key: &str, path: &str| {
-                std::fs::read(path).map_err(|e| anyhow::anyhow!("{key}: cannot read {path}: {e}"))
-            };
-            let mut tls_cfg = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read(
-                "tls_ca_file",
+            let tls_cfg = rpingmesh_proto::endpoint::client_tls_config(
+                cfg.tls_mode == TlsMode::Mtls,
                 &cfg.tls_ca_file,
-            )?));
-            if cfg.tls_mode == TlsMode::Mtls {
-                tls_cfg = tls_cfg.identity(Identity::from_pem(
-                    read("tls_cert_file", &cfg.tls_cert_file)?,
-                    read("tls_key_file", &cfg.tls_key_file)?,
-                ));
-            }
-            if !cfg.tls_server_name.is_empty() {
-                tls_cfg = tls_cfg.domain_name(cfg.tls_server_name.clone());
-            }
+                &cfg.tls_cert_file,
+                &cfg.tls_key_file,
+                &cfg.tls_server_name,
+            )
+            .map_err(|e| anyhow::anyhow!(e))?;
             ep = ep
                 .tls_config(tls_cfg)
                 .map_err(|e| anyhow::anyhow!("tls_mode {:?}: bad TLS setup: {e}", cfg.tls_mode))?;

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use tonic::transport::{Channel, Endpoint};
 
 use rpingmesh_proto::operator::operator_service_client::OperatorServiceClient;
 
@@ -265,23 +265,14 @@ impl Target {
             .timeout(self.timeout)
             .tcp_nodelay(true);
         if tls {
-            let read = |key: &str, path: &str| {
-                std::fs::read(path)
-                    .map_err(|e| Failure::Usage(format!("{key}: cannot read {path}: {e}")))
-            };
-            let mut cfg = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read(
-                "tls_ca_file",
+            let cfg = rpingmesh_proto::endpoint::client_tls_config(
+                self.tls_mode == TlsMode::Mtls,
                 &self.tls_ca_file,
-            )?));
-            if self.tls_mode == TlsMode::Mtls {
-                cfg = cfg.identity(Identity::from_pem(
-                    read("tls_cert_file", &self.tls_cert_file)?,
-                    read("tls_key_file", &self.tls_key_file)?,
-                ));
-            }
-            if !self.tls_server_name.is_empty() {
-                cfg = cfg.domain_name(self.tls_server_name.clone());
-            }
+                &self.tls_cert_file,
+                &self.tls_key_file,
+                &self.tls_server_name,
+            )
+            .map_err(Failure::Usage)?;
             ep = ep.tls_config(cfg).map_err(|e| {
                 Failure::Usage(format!(
                     "tls_mode {}: bad TLS setup: {}",

@@ -5,7 +5,7 @@
 //! `RPINGMESH_*` environment < command-line flags. Every error is one line naming the key.
 
 use std::collections::BTreeMap;
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use clap::Parser;
@@ -453,24 +453,7 @@ impl ControllerConfig {
 
     /// `listen_addr` as a socket address; ":port" means all IPv4 interfaces.
     pub fn listen_socket_addr(&self) -> Result<SocketAddr, ConfigError> {
-        let raw = self.listen_addr.trim();
-        let text = if raw.starts_with(':') {
-            format!("0.0.0.0{raw}")
-        } else {
-            raw.to_string()
-        };
-        if let Ok(a) = text.parse::<SocketAddr>() {
-            return Ok(a);
-        }
-        match text.to_socket_addrs() {
-            Ok(mut it) => it
-                .next()
-                .ok_or_else(|| invalid("listen_addr", format!("{raw:?} resolves to no address"))),
-            Err(e) => Err(invalid(
-                "listen_addr",
-                format!("{raw:?} is not host:port or :port ({e})"),
-            )),
-        }
+        parse_listen_addr(&self.listen_addr).map_err(|m| invalid("listen_addr", m))
     }
 
     pub fn database(&self) -> Result<DatabaseUri, ConfigError> {

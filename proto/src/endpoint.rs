@@ -21,6 +21,34 @@ pub fn grpc_uri(addr: &str, tls: bool) -> String {
     }
 }
 
+/// Client TLS for a controller connection from the `tls_*` keys (the agent's and
+/// rpingmeshctl's): the CA always, the client identity for mTLS, the server name when
+/// set. A file that cannot be read is an error naming its key.
+pub fn client_tls_config(
+    mtls: bool,
+    ca_file: &str,
+    cert_file: &str,
+    key_file: &str,
+    server_name: &str,
+) -> Result<tonic::transport::ClientTlsConfig, String> {
+    use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+    let read = |key: &str, path: &str| {
+        std::fs::read(path).map_err(|e| format!("{key}: cannot read {path}: {e}"))
+    };
+    let mut cfg =
+        ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read("tls_ca_file", ca_file)?));
+    if mtls {
+        cfg = cfg.identity(Identity::from_pem(
+            read("tls_cert_file", cert_file)?,
+            read("tls_key_file", key_file)?,
+        ));
+    }
+    if !server_name.is_empty() {
+        cfg = cfg.domain_name(server_name.to_string());
+    }
+    Ok(cfg)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
