@@ -4,7 +4,7 @@
 //! Hot path: GIDs are interned to u32 ids (lookup by `&str`, no allocation for known
 //! GIDs) and summaries are moved, not copied, into the path's window ring.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 
 use rpingmesh_proto::controller_agent::{PathSummary, PinglistType};
 use rpingmesh_proto::operator::TorPairStats;
@@ -72,6 +72,9 @@ struct Window {
 struct PathState {
     /// Sorted by window_start_unix_ns, oldest first.
     windows: VecDeque<Window>,
+    /// Interned (source ToR, target ToR) of the newest window: the ToR-pair view
+    /// aggregates over these without comparing strings.
+    tors: (u32, u32),
 }
 
 /// (source GID id, target GID id, kind): kind 0 is the ToR-mesh / inter-ToR path (one
@@ -86,6 +89,8 @@ pub struct Analyzer {
     params: AnalyzerParams,
     gid_ids: HashMap<Box<str>, u32>,
     service_ids: HashMap<Box<str>, u32>,
+    tor_ids: HashMap<Box<str>, u32>,
+    tor_names: Vec<Box<str>>,
     paths: HashMap<PathKey, PathState>,
     violations: VecDeque<Violation>,
     findings: FindingBook,
@@ -139,6 +144,16 @@ impl Analyzer {
         id
     }
 
+    fn intern_tor(&mut self, tor: &str) -> u32 {
+        if let Some(&id) = self.tor_ids.get(tor) {
+            return id;
+        }
+        let id = self.tor_names.len() as u32;
+        self.tor_ids.insert(tor.into(), id);
+        self.tor_names.push(tor.into());
+        id
+    }
+
     fn path_kind(&mut self, s: &PathSummary) -> u32 {
         if s.pinglist_type != SERVICE_TYPE {
             return 0;
@@ -174,6 +189,10 @@ impl Analyzer {
                 self.intern(&s.source_gid),
                 self.intern(&s.target_gid),
                 self.path_kind(&s),
+            );
+            let tors = (
+                self.intern_tor(&s.source_tor_id),
+                self.intern_tor(&s.target_tor_id),
             );
             let path = self.paths.entry(key).or_default();
             let start = s.window_start_unix_ns;
@@ -238,6 +257,7 @@ impl Analyzer {
                 // Only the newest window moves a finding: a late old window must not
                 // resolve (or reopen) what newer windows already decided.
                 if i + 1 == path.windows.len() {
+                    path.tors = tors;
                     self.findings.observe(
                         key,
                         &s,
@@ -326,7 +346,7 @@ impl Analyzer {
     /// before `now_unix_ns` is no longer measured (an inter-ToR sample moved on, an agent
     /// went away) and is left out: its last verdict must not colour a pair forever.
     pub fn tor_pairs(&self, now_unix_ns: u64) -> Vec<TorPairStats> {
-        let mut pairs: BTreeMap<(&str, &str), TorPairStats> = BTreeMap::new();
+        let mut pairs: HashMap<(u32, u32), TorPairStats> = HashMap::new();
         for (key, p) in &self.paths {
             if key.2 != 0 {
                 continue;
@@ -338,13 +358,7 @@ impl Analyzer {
             if now_unix_ns > ended.saturating_add(STALE_AFTER_WINDOWS * window_ns) {
                 continue;
             }
-            let e = pairs
-                .entry((s.source_tor_id.as_str(), s.target_tor_id.as_str()))
-                .or_insert_with(|| TorPairStats {
-                    source_tor_id: s.source_tor_id.clone(),
-                    target_tor_id: s.target_tor_id.clone(),
-                    ..Default::default()
-                });
+            let e = pairs.entry(p.tors).or_default();
             e.paths += 1;
             e.probe_total += s.probe_total as u64;
             e.probe_success += s.probe_success as u64;
@@ -355,9 +369,11 @@ impl Analyzer {
             e.prober_delay_p50_ns = e.prober_delay_p50_ns.max(s.prober_delay_p50_ns);
             e.responder_delay_p50_ns = e.responder_delay_p50_ns.max(s.responder_delay_p50_ns);
         }
-        pairs
-            .into_values()
-            .map(|mut e| {
+        let mut out: Vec<TorPairStats> = pairs
+            .into_iter()
+            .map(|((src, dst), mut e)| {
+                e.source_tor_id = self.tor_names[src as usize].to_string();
+                e.target_tor_id = self.tor_names[dst as usize].to_string();
                 e.loss_ratio = if e.probe_total > 0 {
                     e.probe_failed as f64 / e.probe_total as f64
                 } else {
@@ -365,7 +381,11 @@ impl Analyzer {
                 };
                 e
             })
-            .collect()
+            .collect();
+        out.sort_unstable_by(|a, b| {
+            (&a.source_tor_id, &a.target_tor_id).cmp(&(&b.source_tor_id, &b.target_tor_id))
+        });
+        out
     }
 
     /// Open findings, then up to `resolved_limit` resolved ones (0 = all retained).

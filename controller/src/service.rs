@@ -47,6 +47,15 @@ pub fn system_clock() -> Clock {
     })
 }
 
+/// What [`ControllerState::liveness_counts`] counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LivenessCounts {
+    pub rnics: u64,
+    pub rnics_active: u64,
+    pub agents: u64,
+    pub agents_active: u64,
+}
+
 /// Everything the services share.
 pub struct ControllerState {
     pub registry: IndexedRegistry,
@@ -218,8 +227,16 @@ impl ControllerState {
                 .filter_map(|g| idx.rnic(g))
                 .collect()
         };
-        rows.sort_unstable_by(|a, b| (&a.tor_id, &a.gid).cmp(&(&b.tor_id, &b.gid)));
         let total = rows.len();
+        let order =
+            |a: &&RnicRecord, b: &&RnicRecord| (&a.tor_id, &a.gid).cmp(&(&b.tor_id, &b.gid));
+        // Only the rows up to the page's end need their order: select, then sort those.
+        let end = offset.saturating_add(limit).min(total);
+        if end < total && end > 0 {
+            rows.select_nth_unstable_by(end - 1, order);
+            rows.truncate(end);
+        }
+        rows.sort_unstable_by(order);
         let page = rows
             .into_iter()
             .skip(offset)
@@ -252,13 +269,29 @@ impl ControllerState {
 
     /// (active, inactive) RNICs.
     pub fn rnic_counts(&self) -> (u64, u64) {
+        let c = self.liveness_counts();
+        (c.rnics_active, c.rnics - c.rnics_active)
+    }
+
+    /// RNICs and agents, and how many of each are active (an agent is active while any
+    /// of its RNICs is), in one pass over the index.
+    pub fn liveness_counts(&self) -> LivenessCounts {
         let now = self.liveness_now_sec();
         let idx = self.registry.index();
-        let active = idx
-            .rnics()
-            .filter(|r| pinglist::is_active(r, now, self.pinglist.active_threshold_sec))
-            .count() as u64;
-        (active, idx.len() as u64 - active)
+        let mut live_agents: std::collections::HashSet<&str> = Default::default();
+        let mut rnics_active = 0;
+        for r in idx.rnics() {
+            if pinglist::is_active(r, now, self.pinglist.active_threshold_sec) {
+                rnics_active += 1;
+                live_agents.insert(&r.agent_id);
+            }
+        }
+        LivenessCounts {
+            rnics: idx.len() as u64,
+            rnics_active,
+            agents: idx.agent_count() as u64,
+            agents_active: live_agents.len() as u64,
+        }
     }
 
     /// Live service paths per (service, monitored).

@@ -516,3 +516,36 @@ fn shipped_config_file_loads_and_documents_every_key() {
         );
     }
 }
+
+/// The page's RNIC table: pages of the (ToR, GID) order, each the same rows as the full
+/// list at that position, and the counts the header shows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rnic_pages_follow_the_full_order() {
+    let mut h = harness(test_config()).await;
+    for t in 0..3 {
+        for i in 0..7 {
+            h.ctl.register_agent(registration(t, i)).await.unwrap();
+        }
+    }
+    let st = &h.server.state;
+    let all = st.rnic_statuses("");
+    assert_eq!(all.len(), 21);
+    let gid = |r: &rpingmesh_proto::operator::RnicStatus| r.rnic.as_ref().unwrap().gid.clone();
+    for (offset, limit) in [(0, 5), (5, 5), (19, 5), (0, 100), (30, 5)] {
+        let (page, total) = st.rnic_page("", offset, limit);
+        assert_eq!(total, 21);
+        let want: Vec<String> = all.iter().skip(offset).take(limit).map(gid).collect();
+        assert_eq!(
+            page.iter().map(gid).collect::<Vec<_>>(),
+            want,
+            "offset {offset} limit {limit}"
+        );
+    }
+    let (tor1, n) = st.rnic_page("tor-1", 0, 3);
+    assert_eq!((tor1.len(), n), (3, 7));
+    let c = st.liveness_counts();
+    assert_eq!(
+        (c.rnics, c.rnics_active, c.agents, c.agents_active),
+        (21, 21, 21, 21)
+    );
+}

@@ -15,7 +15,7 @@
 //!   compressed form so they are parsed) in flows/s on one thread vs. moving the same
 //!   reports into a Vec, and SERVICE pinglist construction time per requester.
 //!
-//! `--quick` runs a smaller version (CI smoke). Run in release: `cargo xtask bench`.
+//! `--quick` runs a smaller version (CI smoke); `--web-only` the web_json bench alone. Run in release: `cargo xtask bench`.
 
 use std::time::{Duration, Instant};
 
@@ -595,9 +595,22 @@ fn bench_service_flows(agents: u64, flows: u64, reps: usize) {
 
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
-    if let Some(bad) = std::env::args().skip(1).find(|a| a != "--quick") {
-        eprintln!("controller-bench: unknown argument {bad:?} (only --quick)");
+    let web_only = std::env::args().any(|a| a == "--web-only");
+    if let Some(bad) = std::env::args()
+        .skip(1)
+        .find(|a| a != "--quick" && a != "--web-only")
+    {
+        eprintln!("controller-bench: unknown argument {bad:?} (--quick, --web-only)");
         std::process::exit(2);
+    }
+    if web_only {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("tokio runtime");
+        rt.block_on(bench_web(100_000, 10_000, 100));
+        return;
     }
     // The analyzer bench is single-threaded by design; run it before the runtime exists.
     if quick {

@@ -109,24 +109,6 @@ pub fn agent_rows(st: &ControllerState, ids: &[&str]) -> Vec<AgentRow> {
     rows
 }
 
-/// (total, active) agents, without building rows (the overview polls it every 2 s).
-fn agent_counts(st: &ControllerState) -> (usize, usize) {
-    let now = st.liveness_now_sec();
-    let idx = st.registry.index();
-    let mut total = 0;
-    let mut active = 0;
-    for a in idx.agents() {
-        total += 1;
-        let live = idx
-            .agent_gids(&a.agent_id)
-            .iter()
-            .filter_map(|g| idx.rnic(g))
-            .any(|r| pinglist::is_active(r, now, st.pinglist.active_threshold_sec));
-        active += live as usize;
-    }
-    (total, active)
-}
-
 fn tor_ids(st: &ControllerState) -> Vec<String> {
     let idx = st.registry.index();
     (0..idx.tor_count())
@@ -135,8 +117,7 @@ fn tor_ids(st: &ControllerState) -> Vec<String> {
 }
 
 async fn overview(State(st): St) -> Response {
-    let (active, inactive) = st.rnic_counts();
-    let (agents_total, agents_active) = agent_counts(&st);
+    let c = st.liveness_counts();
     let open_findings = st.analyzer().map(|a| a.finding_book().open_count());
     let s = sla(&st);
     no_store(json!({
@@ -147,8 +128,8 @@ async fn overview(State(st): St) -> Response {
             "loss_ratio": s.loss_ratio,
             "network_rtt_p99_ns": s.network_rtt_p99_ns,
         })),
-        "rnics": { "active": active, "inactive": inactive },
-        "agents": { "total": agents_total, "active": agents_active },
+        "rnics": { "active": c.rnics_active, "inactive": c.rnics - c.rnics_active },
+        "agents": { "total": c.agents, "active": c.agents_active },
         "tors": st.registry.index().tor_count(),
         "findings_open": open_findings,
         "service_paths": st.service_path_counts().values().sum::<u64>(),
