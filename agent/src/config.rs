@@ -1081,6 +1081,12 @@ mod tests {
             invalid(|c| c.metrics_export_interval_ms = 0).starts_with("metrics_export_interval_ms")
         );
         assert!(invalid(|c| c.controller_addr = " ".into()).starts_with("controller_addr"));
+        assert!(invalid(|c| c.metrics_exporter = "statsd".into()).starts_with("metrics_exporter"));
+        assert!(invalid(|c| {
+            c.metrics_exporter = "both".into();
+            c.prometheus_listen_addr = "nowhere".into();
+        })
+        .starts_with("prometheus_listen_addr"));
     }
 
     #[test]

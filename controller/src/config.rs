@@ -653,6 +653,37 @@ mod tests {
     }
 
     #[test]
+    fn exporter_and_web_addresses_are_checked() {
+        let load = |pairs: &[(&str, &str)]| ControllerConfig::load(&CliArgs::default(), env(pairs));
+        let e = load(&[("RPINGMESH_METRICS_EXPORTER", "statsd")]).unwrap_err();
+        assert!(e.to_string().contains("`metrics_exporter`"), "{e}");
+        let e = load(&[
+            ("RPINGMESH_METRICS_EXPORTER", "prometheus"),
+            ("RPINGMESH_PROMETHEUS_LISTEN_ADDR", "nowhere"),
+        ])
+        .unwrap_err();
+        assert!(e.to_string().contains("`prometheus_listen_addr`"), "{e}");
+        let e = load(&[("RPINGMESH_HTTP_LISTEN_ADDR", "nowhere")]).unwrap_err();
+        assert!(e.to_string().contains("`http_listen_addr`"), "{e}");
+        let c = load(&[("RPINGMESH_HTTP_LISTEN_ADDR", "127.0.0.1:8080")]).unwrap();
+        assert_eq!(
+            c.http_socket_addr().unwrap(),
+            Some("127.0.0.1:8080".parse().unwrap())
+        );
+        assert_eq!(
+            ControllerConfig::default().http_socket_addr().unwrap(),
+            None
+        );
+        // Prometheus alone needs no collector address.
+        let c = load(&[
+            ("RPINGMESH_METRICS_EXPORTER", "prometheus"),
+            ("RPINGMESH_OTEL_COLLECTOR_ADDR", ""),
+        ])
+        .unwrap();
+        assert!(c.exporter().unwrap().prometheus());
+    }
+
+    #[test]
     fn unknown_yaml_key_is_named() {
         let f = yaml("listen_addr: \":1\"\nbogus_key: 3\n");
         let cli = CliArgs {
