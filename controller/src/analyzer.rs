@@ -450,6 +450,29 @@ mod tests {
         }
     }
 
+    /// A path that stopped reporting leaves the ToR-pair view after 3 of its windows, and
+    /// its open finding closes as no longer measured.
+    #[test]
+    fn paths_no_longer_measured_leave_the_pair_view() {
+        const W: u64 = 10_000_000_000; // the summaries' 10 s windows
+        let mut a = analyzer(20);
+        // 1a -> 2b is lossy and then not probed any more; 1a -> 2c stays measured.
+        a.ingest(vec![s("1a", "2b", 0, 100, 50, 1_000)], W);
+        assert_eq!(a.finding_book().open_count(), 1);
+        for k in 1..6 {
+            a.ingest(vec![s("1a", "2c", k * W, 100, 0, 1_000)], (k + 1) * W);
+            let pairs = a.tor_pairs((k + 1) * W);
+            assert_eq!(pairs.len(), 1);
+            // The lossy window counts until it is 3 windows past its end.
+            let stale = (k + 1) * W > W + 3 * W;
+            assert_eq!(pairs[0].paths, if stale { 1 } else { 2 }, "at window {k}");
+            assert_eq!(pairs[0].probe_failed, if stale { 0 } else { 50 });
+        }
+        assert_eq!(a.finding_book().open_count(), 0);
+        let f = &a.findings(0)[0];
+        assert!(!f.is_open() && f.resolved_by.is_none());
+    }
+
     fn analyzer(retention: usize) -> Analyzer {
         Analyzer::new(AnalyzerParams {
             window_retention: retention,
