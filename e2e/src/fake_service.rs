@@ -44,6 +44,34 @@ impl Fixture {
         let out = BufReader::new(child.stdout.take().unwrap());
         Fixture { child, stdin, out }
     }
+    /// One RC QP on the pseudo-RNIC `udp0` (local QPN 0x345, remote 0x777), connected
+    /// to `dest` with `flow_label` when told `go`.
+    pub fn qp_to(exe: &Path, dest: Ipv4Addr, flow_label: u32) -> Fixture {
+        Fixture::spawn(
+            exe,
+            &[
+                "--dev",
+                "udp0",
+                "--port",
+                "1",
+                "--sgid-index",
+                "0",
+                "--qpn",
+                "0x345",
+                "--dest-qpn",
+                "0x777",
+                "--dgid",
+                &gid_hex(dest),
+                "--flow-label",
+                &format!("{flow_label:#x}"),
+                "--sl",
+                "0",
+                "--tc",
+                "0",
+            ],
+        )
+    }
+
     pub fn expect(&mut self, prefix: &str) -> String {
         let mut l = String::new();
         self.out.read_line(&mut l).unwrap();

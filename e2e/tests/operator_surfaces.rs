@@ -16,7 +16,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use rpingmesh_e2e::demo::{DemoLayout, DEMO_PROBE_PORT};
-use rpingmesh_e2e::fake_service::{build_fixture, gid_hex, Fixture};
+use rpingmesh_e2e::fake_service::{build_fixture, Fixture};
 use rpingmesh_e2e::netns::{cleanup_stale, Netns};
 use rpingmesh_e2e::*;
 use serde_json::Value;
@@ -280,29 +280,7 @@ async fn web_page_prometheus_and_dashboards_against_the_demo() {
 
     // 2. The service: a QP from agent-1's pseudo-RNIC to agent-5's GID.
     let target = layout.agent_ip(4);
-    let mut fx = Fixture::spawn(
-        &fixture,
-        &[
-            "--dev",
-            "udp0",
-            "--port",
-            "1",
-            "--sgid-index",
-            "0",
-            "--qpn",
-            "0x345",
-            "--dest-qpn",
-            "0x777",
-            "--dgid",
-            &gid_hex(target),
-            "--flow-label",
-            "0x5a5a5",
-            "--sl",
-            "0",
-            "--tc",
-            "0",
-        ],
-    );
+    let mut fx = Fixture::qp_to(&fixture, target, 0x5a5a5);
     fx.expect("ready");
     fx.go();
     fx.expect("connected 837");

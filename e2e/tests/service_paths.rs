@@ -9,7 +9,7 @@ use std::path::Path;
 
 use std::time::{Duration, Instant};
 
-use rpingmesh_e2e::fake_service::{build_fixture, gid_hex, Fixture};
+use rpingmesh_e2e::fake_service::{build_fixture, Fixture};
 use rpingmesh_e2e::*;
 use rpingmesh_proto::controller_agent::PinglistType;
 use rpingmesh_proto::operator::{ListServicePathsRequest, ServicePath};
@@ -114,29 +114,7 @@ async fn service_path_is_learned_probed_and_removed() {
 
     // The fixture connects a QP on A's pseudo-RNIC to B's GID.
     let (gid_a, gid_b) = (gid_of(A_IP), gid_of(B_IP));
-    let mut fx = Fixture::spawn(
-        &fixture,
-        &[
-            "--dev",
-            "udp0",
-            "--port",
-            "1",
-            "--sgid-index",
-            "0",
-            "--qpn",
-            "0x345",
-            "--dest-qpn",
-            "0x777",
-            "--dgid",
-            &gid_hex(B_IP),
-            "--flow-label",
-            &format!("{FLOW_LABEL:#x}"),
-            "--sl",
-            "0",
-            "--tc",
-            "0",
-        ],
-    );
+    let mut fx = Fixture::qp_to(&fixture, B_IP, FLOW_LABEL);
     fx.expect("ready");
     fx.go();
     fx.expect("connected 837");
