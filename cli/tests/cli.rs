@@ -35,12 +35,7 @@ async fn cli_lists_service_paths_of_a_real_controller() {
     let mut c = ControllerServiceClient::connect(format!("http://{addr}"))
         .await
         .unwrap();
-    c.register_agent(reg("agent-a", "tor-1", GID_A))
-        .await
-        .unwrap();
-    c.register_agent(reg("agent-b", "tor-2", GID_B))
-        .await
-        .unwrap();
+    register_a_and_b(&mut c).await;
     c.report_service_flows(ServiceFlowReport {
         agent_id: "agent-a".into(),
         full_sync: true,
@@ -319,12 +314,7 @@ async fn seeded_controller() -> rpingmesh_controller::ServerHandle {
     let mut c = ControllerServiceClient::connect(format!("http://{}", server.local_addr))
         .await
         .unwrap();
-    c.register_agent(reg("agent-a", "tor-1", GID_A))
-        .await
-        .unwrap();
-    c.register_agent(reg("agent-b", "tor-2", GID_B))
-        .await
-        .unwrap();
+    register_a_and_b(&mut c).await;
     c.report_service_flows(ServiceFlowReport {
         agent_id: "agent-a".into(),
         full_sync: true,

@@ -24,12 +24,7 @@ async fn seed(addr: std::net::SocketAddr, dir: &std::path::Path) {
         .await
         .unwrap();
     let mut c = ControllerServiceClient::new(ch);
-    c.register_agent(reg("agent-a", "tor-1", GID_A))
-        .await
-        .unwrap();
-    c.register_agent(reg("agent-b", "tor-2", GID_B))
-        .await
-        .unwrap();
+    register_a_and_b(&mut c).await;
     c.report_service_flows(ServiceFlowReport {
         agent_id: "agent-a".into(),
         full_sync: true,

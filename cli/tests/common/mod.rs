@@ -57,6 +57,26 @@ pub fn reg(agent: &str, tor: &str, gid: &str) -> AgentRegistrationRequest {
 }
 
 /// The CLI as a process, with `env` as its only rpingmeshctl variables.
+/// Registers agent-a (tor-1, GID_A) and agent-b (tor-2, GID_B): the two ends of the
+/// service paths the tests seed.
+pub async fn register_a_and_b<T>(
+    c: &mut rpingmesh_proto::controller_agent::controller_service_client::ControllerServiceClient<
+        T,
+    >,
+) where
+    T: tonic::client::GrpcService<tonic::body::Body>,
+    T::Error: Into<tonic::codegen::StdError>,
+    T::ResponseBody: tonic::codegen::Body<Data = tonic::codegen::Bytes> + Send + 'static,
+    <T::ResponseBody as tonic::codegen::Body>::Error: Into<tonic::codegen::StdError> + Send,
+{
+    c.register_agent(reg("agent-a", "tor-1", GID_A))
+        .await
+        .unwrap();
+    c.register_agent(reg("agent-b", "tor-2", GID_B))
+        .await
+        .unwrap();
+}
+
 pub fn ctl_cmd(args: &[String], env: &[(&str, String)]) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_rpingmeshctl"));
     c.args(args);
