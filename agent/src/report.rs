@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rpingmesh_proto::controller_agent::{PathSummary, ProbeAnalysisAck};
+use rpingmesh_proto::controller_agent::{FlowLabelStats, PathSummary, ProbeAnalysisAck};
 use rpingmesh_protocol::aggregate::WindowSummary;
 use rpingmesh_protocol::PinglistKind;
 use tokio::sync::mpsc;
@@ -54,6 +54,17 @@ pub fn to_proto(
         responder_delay_p99_ns: w.responder_delay_p99_ns,
         pinglist_type: key.kind as i32,
         service: key.service.to_string(),
+        flow_labels: w
+            .labels
+            .iter()
+            .map(|l| FlowLabelStats {
+                flow_label: l.flow_label,
+                probe_total: l.probe_total,
+                probe_failed: l.probe_failed,
+                network_rtt_p50_ns: l.network_rtt_p50_ns,
+                network_rtt_max_ns: l.network_rtt_max_ns,
+            })
+            .collect(),
     }
 }
 
@@ -296,6 +307,13 @@ mod tests {
             prober_delay_p99_ns: 12,
             responder_delay_p50_ns: 13,
             responder_delay_p99_ns: 14,
+            labels: vec![rpingmesh_protocol::aggregate::LabelSummary {
+                flow_label: 15,
+                probe_total: 16,
+                probe_failed: 17,
+                network_rtt_p50_ns: 18,
+                network_rtt_max_ns: 19,
+            }],
         };
         let p = to_proto("sg", "t1", &key, &w);
         assert_eq!(
@@ -328,6 +346,19 @@ mod tests {
                 p.responder_delay_p99_ns
             ],
             [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
+        );
+        let l = &p.flow_labels[..];
+        assert_eq!(
+            l.iter()
+                .map(|l| [
+                    l.flow_label as u64,
+                    l.probe_total as u64,
+                    l.probe_failed as u64,
+                    l.network_rtt_p50_ns,
+                    l.network_rtt_max_ns
+                ])
+                .collect::<Vec<_>>(),
+            vec![[15, 16, 17, 18, 19]]
         );
         assert_eq!(p.pinglist_type, 2, "SERVICE");
         assert_eq!(p.service, "training");

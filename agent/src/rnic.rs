@@ -860,7 +860,10 @@ impl State {
             }
         }
         if let Some(agg) = &mut self.aggregator {
-            agg.record(&t.key, &o.result, realtime_ns());
+            // Inter-ToR windows are also counted per flow label: the controller votes
+            // on ToR-spine links with them.
+            let label = (t.key.kind == PinglistKind::InterTor).then_some(o.flow_label);
+            agg.record_labelled(&t.key, &o.result, label, realtime_ns());
         }
         if let Some(tap) = &self.outcomes {
             let _ = tap.send(TargetOutcome {

@@ -4,12 +4,15 @@
 //! Hot path: GIDs are interned to u32 ids (lookup by `&str`, no allocation for known
 //! GIDs) and summaries are moved, not copied, into the path's window ring.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use rpingmesh_proto::controller_agent::{PathSummary, PinglistType};
 use rpingmesh_proto::operator::TorPairStats;
 
 use crate::findings::{Finding, FindingBook, STALE_AFTER_WINDOWS};
+use crate::localize::{Inventory, Localizer, LocalizerParams};
+use crate::topology::Topology;
+use rpingmesh_proto::operator::FindingEvent;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AnalyzerParams {
@@ -18,6 +21,9 @@ pub struct AnalyzerParams {
     pub sla_network_rtt_p99_ns: u64,
     pub window_retention: usize,
     pub violation_log_capacity: usize,
+    /// How long after a window ends its reports are awaited before it is localized.
+    pub localize_settle_ns: u64,
+    pub localizer: LocalizerParams,
 }
 
 impl Default for AnalyzerParams {
@@ -27,6 +33,8 @@ impl Default for AnalyzerParams {
             sla_network_rtt_p99_ns: 500_000,
             window_retention: 20,
             violation_log_capacity: 1000,
+            localize_settle_ns: 10_000_000_000,
+            localizer: LocalizerParams::default(),
         }
     }
 }
@@ -84,7 +92,6 @@ type PathKey = (u32, u32, u32);
 
 const SERVICE_TYPE: i32 = PinglistType::Service as i32;
 
-#[derive(Debug, Default)]
 pub struct Analyzer {
     params: AnalyzerParams,
     gid_ids: HashMap<Box<str>, u32>,
@@ -95,6 +102,12 @@ pub struct Analyzer {
     violations: VecDeque<Violation>,
     findings: FindingBook,
     summaries_total: u64,
+    localizer: Localizer,
+    /// Window start -> window length, for windows seen but not localized yet.
+    unlocalized: BTreeMap<u64, u64>,
+    /// Windows starting at or before this were localized (late reports are kept as path
+    /// windows but move no component finding).
+    localized_through: Option<u64>,
 }
 
 impl Default for FindingBook {
@@ -122,13 +135,75 @@ impl PathFilter<'_> {
     }
 }
 
+impl Default for Analyzer {
+    fn default() -> Self {
+        Self::new(AnalyzerParams::default())
+    }
+}
+
 impl Analyzer {
     pub fn new(params: AnalyzerParams) -> Self {
+        Self::with_topology(params, None)
+    }
+
+    /// With a fabric topology, link problems are localized to the ToR-spine link.
+    pub fn with_topology(params: AnalyzerParams, topology: Option<Topology>) -> Self {
         Self {
             params,
+            gid_ids: HashMap::new(),
+            service_ids: HashMap::new(),
+            tor_ids: HashMap::new(),
+            tor_names: Vec::new(),
+            paths: HashMap::new(),
+            violations: VecDeque::new(),
             findings: FindingBook::new(params.violation_log_capacity),
-            ..Default::default()
+            summaries_total: 0,
+            localizer: Localizer::new(params.localizer, topology),
+            unlocalized: BTreeMap::new(),
+            localized_through: None,
         }
+    }
+
+    pub fn localizer(&self) -> &Localizer {
+        &self.localizer
+    }
+
+    pub fn localizer_mut(&mut self) -> &mut Localizer {
+        &mut self.localizer
+    }
+
+    /// Localizes every window that ended `localize_settle_ns` before `now_unix_ns`, oldest
+    /// first, over the ToR-mesh and inter-ToR paths that reported it. Returns the finding
+    /// changes.
+    pub fn tick(&mut self, now_unix_ns: u64, inv: &dyn Inventory) -> Vec<FindingEvent> {
+        let mut events = Vec::new();
+        while let Some((&start, &window_ns)) = self.unlocalized.first_key_value() {
+            let settled = start
+                .saturating_add(window_ns)
+                .saturating_add(self.params.localize_settle_ns);
+            if settled > now_unix_ns {
+                break;
+            }
+            self.unlocalized.remove(&start);
+            self.localized_through = Some(start);
+            let window = self
+                .paths
+                .iter()
+                .filter(|(k, _)| k.2 == 0)
+                .filter_map(|(_, p)| {
+                    p.windows
+                        .iter()
+                        .rev()
+                        .find(|w| w.summary.window_start_unix_ns <= start)
+                        .map(|w| &w.summary)
+                        .filter(|s| s.window_start_unix_ns == start)
+                });
+            events.extend(
+                self.localizer
+                    .localize(start, window_ns, window, inv, now_unix_ns),
+            );
+        }
+        events
     }
 
     pub fn params(&self) -> &AnalyzerParams {
@@ -184,6 +259,16 @@ impl Analyzer {
         let retention = self.params.window_retention.max(1);
         for s in batch {
             report.ingested += 1;
+            if s.pinglist_type != SERVICE_TYPE
+                && self
+                    .localized_through
+                    .is_none_or(|t| s.window_start_unix_ns > t)
+            {
+                let window_ns = (s.window_duration_ms.max(1) as u64) * 1_000_000;
+                self.unlocalized
+                    .entry(s.window_start_unix_ns)
+                    .or_insert(window_ns);
+            }
             let (loss, rtt) = self.check(&s);
             let key = (
                 self.intern(&s.source_gid),

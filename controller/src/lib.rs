@@ -10,12 +10,14 @@ pub mod config;
 pub mod ecmp;
 pub mod findings;
 pub mod liveness;
+pub mod localize;
 pub mod pinglist;
 pub mod registry;
 pub mod server;
 pub mod service;
 pub mod service_paths;
 pub mod telemetry;
+pub mod topology;
 pub mod web;
 
 pub use config::{CliArgs, ControllerConfig};

@@ -743,6 +743,25 @@ fn optional_gid(field: &str, text: &str) -> Result<String, Status> {
 
 #[tonic::async_trait]
 impl OperatorService for OperatorSvc {
+    // PLACEHOLDER (durable findings helper replaces these two).
+    type WatchFindingsStream = std::pin::Pin<
+        Box<
+            dyn tokio_stream::Stream<Item = Result<rpingmesh_proto::operator::FindingEvent, Status>>
+                + Send,
+        >,
+    >;
+    async fn list_findings(
+        &self,
+        _request: Request<rpingmesh_proto::operator::ListFindingsRequest>,
+    ) -> Result<Response<rpingmesh_proto::operator::ListFindingsResponse>, Status> {
+        Err(Status::unimplemented("ListFindings"))
+    }
+    async fn watch_findings(
+        &self,
+        _request: Request<rpingmesh_proto::operator::WatchFindingsRequest>,
+    ) -> Result<Response<Self::WatchFindingsStream>, Status> {
+        Err(Status::unimplemented("WatchFindings"))
+    }
     async fn list_service_paths(
         &self,
         request: Request<ListServicePathsRequest>,

@@ -4,6 +4,10 @@
 //! `SAMPLE_CAP` successful probes per (key, window) are all kept; beyond that a uniform
 //! reservoir (Algorithm R, deterministic xorshift PRNG) of `SAMPLE_CAP` probes is kept, so
 //! memory per path stays bounded at any probe rate. Min/max RTT stay exact.
+//!
+//! Probes recorded with a flow label are also counted per label (inter-ToR paths), so the
+//! controller can tell which ECMP paths of a pair lose or slow probes: a bad ToR-spine link
+//! shows only on the labels hashed across it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
@@ -13,6 +17,33 @@ use crate::rtt::RttSample;
 
 /// Samples kept per (key, window) before reservoir sampling starts.
 pub const SAMPLE_CAP: usize = 16_384;
+
+/// Distinct flow labels counted per (key, window); probes on further labels count in the
+/// path totals only (the flow-label set is capped at 64 by default, plus rotation).
+pub const LABEL_CAP: usize = 256;
+
+/// RTT samples kept per label and window for its median (first ones win; labels see a
+/// few probes per window at pinglist rates).
+const LABEL_SAMPLE_CAP: usize = 64;
+
+/// One flow label's share of a path window.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LabelSummary {
+    pub flow_label: u32,
+    pub probe_total: u32,
+    pub probe_failed: u32,
+    pub network_rtt_p50_ns: u64,
+    pub network_rtt_max_ns: u64,
+}
+
+#[derive(Debug, Default)]
+struct LabelAcc {
+    label: u32,
+    total: u32,
+    failed: u32,
+    rtt_max: u64,
+    rtts: Vec<u64>,
+}
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct WindowSummary {
@@ -32,6 +63,8 @@ pub struct WindowSummary {
     pub prober_delay_p99_ns: u64,
     pub responder_delay_p50_ns: u64,
     pub responder_delay_p99_ns: u64,
+    /// Per flow label, sorted by label; empty unless probes were recorded with labels.
+    pub labels: Vec<LabelSummary>,
 }
 
 #[derive(Debug, Default)]
@@ -45,6 +78,7 @@ struct Acc {
     network: Vec<u64>,
     prober: Vec<u64>,
     responder: Vec<u64>,
+    labels: Vec<LabelAcc>,
     rng: u64,
 }
 
@@ -73,6 +107,33 @@ impl Acc {
         }
     }
 
+    fn add_label(&mut self, label: u32, result: &ProbeResult) {
+        // Linear scan: a path sees tens of labels per window.
+        let i = match self.labels.iter().position(|l| l.label == label) {
+            Some(i) => i,
+            None if self.labels.len() < LABEL_CAP => {
+                self.labels.push(LabelAcc {
+                    label,
+                    ..Default::default()
+                });
+                self.labels.len() - 1
+            }
+            None => return,
+        };
+        let l = &mut self.labels[i];
+        l.total = l.total.saturating_add(1);
+        match result {
+            ProbeResult::Success(s) => {
+                l.rtt_max = l.rtt_max.max(s.network_rtt_ns);
+                if l.rtts.len() < LABEL_SAMPLE_CAP {
+                    l.rtts.push(s.network_rtt_ns);
+                }
+            }
+            ProbeResult::Lost => l.failed = l.failed.saturating_add(1),
+            ProbeResult::Invalid(_) => {}
+        }
+    }
+
     fn next_rand(&mut self) -> u64 {
         // xorshift64*; seeded lazily with a fixed non-zero constant.
         if self.rng == 0 {
@@ -88,6 +149,21 @@ impl Acc {
         let (n50, n99) = p50_p99(&mut self.network);
         let (p50, p99) = p50_p99(&mut self.prober);
         let (r50, r99) = p50_p99(&mut self.responder);
+        let mut labels: Vec<LabelSummary> = self
+            .labels
+            .into_iter()
+            .map(|mut l| {
+                l.rtts.sort_unstable();
+                LabelSummary {
+                    flow_label: l.label,
+                    probe_total: l.total,
+                    probe_failed: l.failed,
+                    network_rtt_p50_ns: nearest_rank(&l.rtts, 50),
+                    network_rtt_max_ns: l.rtt_max,
+                }
+            })
+            .collect();
+        labels.sort_unstable_by_key(|l| l.flow_label);
         WindowSummary {
             window_start_unix_ns: start,
             window_duration_ms: (window_ns / 1_000_000).min(u32::MAX as u64) as u32,
@@ -103,6 +179,7 @@ impl Acc {
             prober_delay_p99_ns: p99,
             responder_delay_p50_ns: r50,
             responder_delay_p99_ns: r99,
+            labels,
         }
     }
 }
@@ -149,6 +226,17 @@ impl<K: Hash + Eq + Clone> PathAggregator<K> {
     /// probe_total; Success to probe_success (and the samples), Lost to probe_failed,
     /// Invalid to invalid_rtt_count.
     pub fn record(&mut self, key: &K, result: &ProbeResult, now_unix_ns: u64) {
+        self.record_labelled(key, result, None, now_unix_ns);
+    }
+
+    /// Like `record`, and also counts the probe under its flow label when one is given.
+    pub fn record_labelled(
+        &mut self,
+        key: &K,
+        result: &ProbeResult,
+        flow_label: Option<u32>,
+        now_unix_ns: u64,
+    ) {
         let start = now_unix_ns - now_unix_ns % self.window_ns;
         let cap = self.cap;
         let window = self.windows.entry(start).or_default();
@@ -161,6 +249,9 @@ impl<K: Hash + Eq + Clone> PathAggregator<K> {
             ProbeResult::Success(s) => acc.add_sample(s, cap),
             ProbeResult::Lost => acc.failed = acc.failed.saturating_add(1),
             ProbeResult::Invalid(_) => acc.invalid = acc.invalid.saturating_add(1),
+        }
+        if let Some(label) = flow_label {
+            acc.add_label(label, result);
         }
     }
 
@@ -250,6 +341,7 @@ mod tests {
                 prober_delay_p99_ns: 990,
                 responder_delay_p50_ns: 50,
                 responder_delay_p99_ns: 99,
+                labels: vec![],
             }
         );
         assert_eq!(a.open_windows(), 0);
@@ -298,6 +390,47 @@ mod tests {
             ),
             (1, 20, 9)
         );
+    }
+
+    #[test]
+    fn labelled_probes_are_counted_per_label_too() {
+        let mut a: PathAggregator<u8> = PathAggregator::new(10);
+        a.record_labelled(&0, &ok(30, 0, 0), Some(7), 1);
+        a.record_labelled(&0, &ok(10, 0, 0), Some(7), 2);
+        a.record_labelled(&0, &ok(20, 0, 0), Some(7), 2);
+        a.record_labelled(&0, &ProbeResult::Lost, Some(3), 3);
+        a.record_labelled(&0, &ok(5, 0, 0), Some(3), 3);
+        a.record_labelled(
+            &0,
+            &ProbeResult::Invalid(InvalidReason::Negative),
+            Some(9),
+            4,
+        );
+        a.record(&0, &ProbeResult::Lost, 5); // unlabelled: path totals only
+        let s = &a.take_closed(10)[0].1;
+        assert_eq!((s.probe_total, s.probe_failed), (7, 2));
+        let l = |label, total, failed, p50, max| LabelSummary {
+            flow_label: label,
+            probe_total: total,
+            probe_failed: failed,
+            network_rtt_p50_ns: p50,
+            network_rtt_max_ns: max,
+        };
+        assert_eq!(
+            s.labels,
+            vec![l(3, 2, 1, 5, 5), l(7, 3, 0, 20, 30), l(9, 1, 0, 0, 0)]
+        );
+    }
+
+    #[test]
+    fn labels_beyond_the_cap_count_in_the_path_only() {
+        let mut a: PathAggregator<u8> = PathAggregator::new(10);
+        for label in 0..(LABEL_CAP as u32 + 10) {
+            a.record_labelled(&0, &ProbeResult::Lost, Some(label), 1);
+        }
+        let s = &a.take_closed(10)[0].1;
+        assert_eq!(s.probe_failed as usize, LABEL_CAP + 10);
+        assert_eq!(s.labels.len(), LABEL_CAP);
     }
 
     #[test]

@@ -434,6 +434,7 @@ fn summaries(paths: u64, windows: u64) -> Vec<PathSummary> {
                 responder_delay_p99_ns: 2_000,
                 pinglist_type: 0,
                 service: String::new(),
+                flow_labels: Vec::new(),
             });
         }
     }
