@@ -57,6 +57,7 @@ pub fn to_proto(
         flow_labels: w
             .labels
             .iter()
+            .filter(|_| w.label_detail_needed())
             .map(|l| FlowLabelStats {
                 flow_label: l.flow_label,
                 probe_total: l.probe_total,
@@ -307,6 +308,7 @@ mod tests {
             prober_delay_p99_ns: 12,
             responder_delay_p50_ns: 13,
             responder_delay_p99_ns: 14,
+            // A lost probe on the label: the detail is sent.
             labels: vec![rpingmesh_protocol::aggregate::LabelSummary {
                 flow_label: 15,
                 probe_total: 16,

@@ -26,6 +26,9 @@ pub const LABEL_CAP: usize = 256;
 /// few probes per window at pinglist rates).
 const LABEL_SAMPLE_CAP: usize = 64;
 
+/// Label RTT medians further apart than this make a window worth its per-label detail.
+pub const LABEL_DETAIL_SPREAD_NS: u64 = 20_000;
+
 /// One flow label's share of a path window.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LabelSummary {
@@ -65,6 +68,28 @@ pub struct WindowSummary {
     pub responder_delay_p99_ns: u64,
     /// Per flow label, sorted by label; empty unless probes were recorded with labels.
     pub labels: Vec<LabelSummary>,
+}
+
+impl WindowSummary {
+    /// Whether the per-label detail says something: a lost probe, or labels whose RTT
+    /// medians differ by more than [`LABEL_DETAIL_SPREAD_NS`]. Clean windows leave it out,
+    /// which keeps reports from 100,000 RNICs small.
+    pub fn label_detail_needed(&self) -> bool {
+        if self.labels.is_empty() {
+            return false;
+        }
+        if self.probe_failed > 0 || self.labels.iter().any(|l| l.probe_failed > 0) {
+            return true;
+        }
+        let answered = self
+            .labels
+            .iter()
+            .filter(|l| l.probe_total > l.probe_failed);
+        let (lo, hi) = answered.fold((u64::MAX, 0), |(lo, hi), l| {
+            (lo.min(l.network_rtt_p50_ns), hi.max(l.network_rtt_p50_ns))
+        });
+        hi > lo && hi - lo > LABEL_DETAIL_SPREAD_NS
+    }
 }
 
 #[derive(Debug, Default)]
@@ -420,6 +445,27 @@ mod tests {
             s.labels,
             vec![l(3, 2, 1, 5, 5), l(7, 3, 0, 20, 30), l(9, 1, 0, 0, 0)]
         );
+    }
+
+    #[test]
+    fn label_detail_only_when_it_says_something() {
+        let l = |p50, failed| LabelSummary {
+            flow_label: 1,
+            probe_total: 2,
+            probe_failed: failed,
+            network_rtt_p50_ns: p50,
+            network_rtt_max_ns: p50,
+        };
+        let w = |labels: Vec<LabelSummary>| WindowSummary {
+            probe_failed: labels.iter().map(|l| l.probe_failed).sum(),
+            labels,
+            ..Default::default()
+        };
+        assert!(!w(vec![]).label_detail_needed());
+        assert!(!w(vec![l(10_000, 0), l(25_000, 0)]).label_detail_needed());
+        assert!(w(vec![l(10_000, 0), l(10_000, 1)]).label_detail_needed());
+        assert!(w(vec![l(10_000, 0), l(30_001, 0)]).label_detail_needed());
+        assert!(!w(vec![l(10_000, 0), l(90_000, 2)]).labels.is_empty());
     }
 
     #[test]

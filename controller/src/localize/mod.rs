@@ -22,7 +22,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use rpingmesh_proto::controller_agent::PathSummary;
-use rpingmesh_proto::operator::{Finding, FindingEvent, FindingEvidence, FindingPath};
+use rpingmesh_proto::operator::{Finding, FindingEvent, FindingEvidence};
 
 use crate::registry::RegistryIndex;
 use crate::topology::Topology;
@@ -353,26 +353,8 @@ fn event(change: &str, f: &Finding) -> FindingEvent {
     }
 }
 
-/// Paths kept as evidence on a finding.
-const EVIDENCE_PATHS: usize = 8;
-/// Flow labels kept as evidence on a link finding.
-const EVIDENCE_LABELS: usize = 16;
+mod rules;
+pub use rules::explain;
 
-/// The blames of one window (pure; see the module comment for the order).
-pub fn explain<'a>(
-    params: &LocalizerParams,
-    topology: Option<&Topology>,
-    paths: impl IntoIterator<Item = &'a PathSummary>,
-    inv: &dyn Inventory,
-) -> Vec<Blame> {
-    let _ = (
-        params,
-        topology,
-        paths,
-        inv,
-        EVIDENCE_PATHS,
-        EVIDENCE_LABELS,
-    );
-    let _ = FindingPath::default();
-    Vec::new()
-}
+#[cfg(test)]
+mod tests;
