@@ -15,14 +15,21 @@
 //!   compressed form so they are parsed) in flows/s on one thread vs. moving the same
 //!   reports into a Vec, and SERVICE pinglist construction time per requester.
 //!
-//! `--quick` runs a smaller version (CI smoke); `--web-only` the web_json bench alone. Run in release: `cargo xtask bench`.
+//! - analyzer_localize: one 30 s window of a 100,000-RNIC fabric (8 RNICs per ToR, ToR
+//!   mesh + 5 inter-ToR targets each, 16 spines, a dead RNIC and a dead ToR-spine link
+//!   with per-label detail on the paths they touch): ingest of every summary plus the
+//!   localization of the window, on one thread, as a share of the window's length.
+//!
+//! `--quick` runs a smaller version (CI smoke); `--web-only` the web_json bench alone, `--localize-only` analyzer_localize alone. Run in release: `cargo xtask bench`.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use rpingmesh_controller::analyzer::{Analyzer, AnalyzerParams};
 use rpingmesh_controller::registry::{AgentRecord, RegistryIndex, RnicRecord};
 use rpingmesh_controller::service_paths::{ServicePathParams, ServicePathTable};
 use rpingmesh_controller::telemetry::AnalyzerMetrics;
+use rpingmesh_controller::topology::Topology;
 use rpingmesh_controller::{start, ControllerConfig, ServerHandle};
 use rpingmesh_proto::controller_agent::controller_service_client::ControllerServiceClient;
 use rpingmesh_proto::controller_agent::{
@@ -594,15 +601,182 @@ fn bench_service_flows(agents: u64, flows: u64, reps: usize) {
     }));
 }
 
+/// One window of `rnics` RNICs (8 per ToR on 4 hosts): every RNIC's ToR mesh and 5
+/// inter-ToR targets, 60 probes per path; RNIC 3 is dead and link tor-1 <-> spine-0 is
+/// down, so the paths they touch carry per-label detail (64 labels) as agents send it.
+fn localize_window(
+    rnics: u64,
+    start: u64,
+) -> (
+    Vec<PathSummary>,
+    HashMap<String, (String, String, String)>,
+    Topology,
+) {
+    use rpingmesh_controller::topology::EcmpModel;
+    use rpingmesh_proto::controller_agent::FlowLabelStats;
+    let per_tor = 8u64;
+    let tors = rnics / per_tor;
+    let tor_name = |t: u64| format!("tor-{t}");
+    let tor_names: Vec<String> = (0..tors).map(tor_name).collect();
+    let spines: Vec<String> = (0..16).map(|s| format!("spine-{s}")).collect();
+    let topo = Topology::full_mesh(&tor_names, &spines, Some(EcmpModel::Fnv1a { seed: 0 }));
+    let gids: Vec<String> = (0..rnics).map(gid_of).collect();
+    let inv: HashMap<String, (String, String, String)> = (0..rnics)
+        .map(|r| {
+            let t = r / per_tor;
+            let host = format!("host-{t}-{}", (r % per_tor) / 2);
+            (
+                gids[r as usize].clone(),
+                (host, format!("mlx5_{}", r % 2), tor_name(t)),
+            )
+        })
+        .collect();
+    let dead_rnic = 3u64;
+    let bad = (1u32, 0u32);
+    let mut rng = Lcg(7);
+    let mut out = Vec::with_capacity((rnics * 12) as usize);
+    for src in 0..rnics {
+        let st = src / per_tor;
+        let mut targets: Vec<u64> = (st * per_tor..(st + 1) * per_tor)
+            .filter(|&d| d != src)
+            .collect();
+        for _ in 0..5 {
+            let dt = (st + 1 + rng.below(tors - 1)) % tors;
+            targets.push(dt * per_tor + rng.below(per_tor));
+        }
+        for dst in targets {
+            let dt = dst / per_tor;
+            let (sg, dg) = (&gids[src as usize], &gids[dst as usize]);
+            let mut s = PathSummary {
+                source_gid: sg.clone(),
+                source_tor_id: tor_name(st),
+                target_gid: dg.clone(),
+                target_tor_id: tor_name(dt),
+                target_qpn: 1000,
+                window_start_unix_ns: start,
+                window_duration_ms: 30_000,
+                probe_total: 60,
+                network_rtt_min_ns: 8_000,
+                network_rtt_max_ns: 30_000,
+                network_rtt_p50_ns: 10_000,
+                network_rtt_p99_ns: 20_000,
+                prober_delay_p50_ns: 3_000,
+                prober_delay_p99_ns: 9_000,
+                responder_delay_p50_ns: 2_000,
+                responder_delay_p99_ns: 6_000,
+                pinglist_type: if st == dt { 0 } else { 1 },
+                ..Default::default()
+            };
+            if src == dead_rnic || dst == dead_rnic {
+                s.probe_failed = 60;
+            } else if st != dt && [st, dt].contains(&(bad.0 as u64)) {
+                let (ts, td) = (st as u32, dt as u32);
+                // 60 probes a window over a 64-label set: one probe on each of 60 labels.
+                for label in 0..60u32 {
+                    let l = label * 16_411 + 3;
+                    let fwd = topo.route(ts, td, sg, dg, l).expect("route");
+                    let rev = topo.route(td, ts, dg, sg, l).expect("route");
+                    let lost = fwd.iter().chain(rev.iter()).any(|x| (x.0, x.1) == bad);
+                    let total = 1;
+                    s.flow_labels.push(FlowLabelStats {
+                        flow_label: l,
+                        probe_total: total,
+                        probe_failed: if lost { total } else { 0 },
+                        network_rtt_p50_ns: if lost { 0 } else { 10_000 },
+                        network_rtt_max_ns: if lost { 0 } else { 10_000 },
+                    });
+                    s.probe_failed += if lost { total } else { 0 };
+                }
+                s.probe_total = s.flow_labels.iter().map(|l| l.probe_total).sum();
+                if s.probe_failed == 0 {
+                    s.flow_labels.clear();
+                }
+            }
+            s.probe_success = s.probe_total - s.probe_failed;
+            out.push(s);
+        }
+    }
+    (out, inv, topo)
+}
+
+/// Minimal deterministic generator for the bench fabrics.
+struct Lcg(u64);
+
+impl Lcg {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) % n.max(1)
+    }
+}
+
+fn bench_localize(rnics: u64, reps: usize) {
+    let window_ns = 30_000_000_000u64;
+    let start = 1_700_000_010_000_000_000u64 - 1_700_000_010_000_000_000u64 % window_ns;
+    let mut totals = Vec::new();
+    let mut ingests = Vec::new();
+    let mut localizes = Vec::new();
+    let mut found = Vec::new();
+    let mut summaries = 0;
+    for _ in 0..reps {
+        let (window, inv, topo) = localize_window(rnics, start);
+        summaries = window.len();
+        let input = batches(window);
+        let mut a = Analyzer::with_topology(AnalyzerParams::default(), Some(topo));
+        let t = Instant::now();
+        for b in input {
+            a.ingest(b, start + window_ns);
+        }
+        let ingested = t.elapsed();
+        let t2 = Instant::now();
+        let events = a.tick(u64::MAX / 2, &inv);
+        let localized = t2.elapsed();
+        ingests.push(ingested.as_secs_f64());
+        localizes.push(localized.as_secs_f64());
+        totals.push((ingested + localized).as_secs_f64());
+        found = events
+            .iter()
+            .filter_map(|e| e.finding.as_ref())
+            .map(|f| format!("{} {}", f.kind, f.location))
+            .collect();
+    }
+    let (total, ingest, localize) = (median(totals), median(ingests), median(localizes));
+    emit(json!({
+        "bench": "analyzer_localize",
+        "rnics": rnics,
+        "summaries_per_window": summaries,
+        "reps": reps,
+        "ingest_sec": ingest,
+        "localize_sec": localize,
+        "total_sec": total,
+        "window_sec": 30,
+        "ratio_to_window": total / 30.0,
+        "findings": found,
+        "threads": 1,
+    }));
+}
+
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     let web_only = std::env::args().any(|a| a == "--web-only");
+    let localize_only = std::env::args().any(|a| a == "--localize-only");
     if let Some(bad) = std::env::args()
         .skip(1)
-        .find(|a| a != "--quick" && a != "--web-only")
+        .find(|a| a != "--quick" && a != "--web-only" && a != "--localize-only")
     {
-        eprintln!("controller-bench: unknown argument {bad:?} (--quick, --web-only)");
+        eprintln!(
+            "controller-bench: unknown argument {bad:?} (--quick, --web-only, --localize-only)"
+        );
         std::process::exit(2);
+    }
+    if localize_only {
+        bench_localize(
+            if quick { 2_000 } else { 100_000 },
+            if quick { 1 } else { 3 },
+        );
+        return;
     }
     if web_only {
         let rt = tokio::runtime::Builder::new_multi_thread()
@@ -615,9 +789,11 @@ fn main() {
     }
     // The analyzer bench is single-threaded by design; run it before the runtime exists.
     if quick {
+        bench_localize(2_000, 1);
         bench_ingest(1_000, 10, 3);
         bench_service_flows(200, 256, 3);
     } else {
+        bench_localize(100_000, 3);
         bench_ingest(5_000, 40, 3);
         bench_service_flows(2_000, 1_024, 3);
     }

@@ -1,7 +1,10 @@
 //! The localization rules over one window (pure). See the module comment of `localize`
 //! for the order; each step marks the paths it explains so later steps do not see them.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
+
+// Windows hold millions of GID lookups: a fast hasher, no DoS concern on our own keys.
+use foldhash::{HashMap, HashMapExt};
 
 use rpingmesh_proto::controller_agent::PathSummary;
 use rpingmesh_proto::operator::{FindingEvidence, FindingPath};
@@ -54,8 +57,6 @@ struct Rnic<'a> {
     gid: &'a str,
     host: u32,
     tor: u32,
-    /// `<host>/<device>`, or the GID when the inventory does not know it.
-    location: String,
 }
 
 struct Rec<'a> {
@@ -153,7 +154,7 @@ pub fn explain<'a>(
     }
     w.hosts_step();
     w.tor_step();
-    w.rnic_step();
+    w.rnic_step(inv);
     match topology {
         Some(t) if t.ecmp().is_some() => w.link_step(t),
         _ => w.tor_side_step(),
@@ -166,26 +167,13 @@ impl<'a> Window<'a> {
         if let Some(&i) = self.rnic_ids.get(gid) {
             return i;
         }
-        let (host, tor, location) = match inv.place(gid) {
-            Some(p) => (
-                self.hosts.id(p.host),
-                self.tors.id(p.tor),
-                format!("{}/{}", p.host, p.device),
-            ),
+        let (host, tor) = match inv.place(gid) {
+            Some(p) => (self.hosts.id(p.host), self.tors.id(p.tor)),
             // Unknown to the registry: its own host, the ToR its peers reported.
-            None => (
-                self.hosts.id(gid),
-                self.tors.id(reported_tor),
-                gid.to_string(),
-            ),
+            None => (self.hosts.id(gid), self.tors.id(reported_tor)),
         };
         let i = self.rnics.len() as u32;
-        self.rnics.push(Rnic {
-            gid,
-            host,
-            tor,
-            location,
-        });
+        self.rnics.push(Rnic { gid, host, tor });
         self.rnic_ids.insert(gid, i);
         i
     }
@@ -333,7 +321,7 @@ impl<'a> Window<'a> {
 
     /// Step 3: an RNIC its peers fail to reach and that fails to reach them: most of its
     /// paths lossy both ways, ToR-local ones too.
-    fn rnic_step(&mut self) {
+    fn rnic_step(&mut self, inv: &dyn Inventory) {
         let st = self.rnic_stats();
         let mut blamed = Vec::new();
         for (i, s) in st.iter().enumerate() {
@@ -370,7 +358,7 @@ impl<'a> Window<'a> {
             let seen = if s.in_total == 0 { 0.5 } else { 1.0 };
             self.blames.push(Blame {
                 kind: ComponentKind::Rnic,
-                location: self.rnics[x as usize].location.clone(),
+                location: rnic_location(self.rnics[x as usize].gid, inv),
                 symptom: if down {
                     Symptom::Down
                 } else {
@@ -388,6 +376,8 @@ impl<'a> Window<'a> {
         let mut links: HashMap<DirLink, LinkAcc> = HashMap::new();
         let mut tuples: Vec<Tuple> = Vec::new();
         let excess = self.params.latency_excess_ns;
+        // Label-less paths per ToR at either end: (probes, failed, answered).
+        let mut spread: HashMap<u32, (f64, f64, f64)> = HashMap::new();
         for (ri, r) in self.recs.iter().enumerate() {
             let (st, dt) = (self.tor_of(r.src), self.tor_of(r.dst));
             if r.explained || st == dt {
@@ -407,7 +397,18 @@ impl<'a> Window<'a> {
             );
             if r.s.flow_labels.is_empty() {
                 // No per-label detail (a clean window, or an agent without it): its
-                // probes spread evenly over the spines the two ToRs share.
+                // probes spread evenly over the spines the two ToRs share. Most paths
+                // are like this; they are summed per (ToR, direction) and spread over
+                // the links once, at the end.
+                if topo.uplinks(ts) == topo.uplinks(td) {
+                    for t in [ts, td] {
+                        let e = spread.entry(t).or_default();
+                        e.0 += r.s.probe_total as f64;
+                        e.1 += r.s.probe_failed as f64;
+                        e.2 += r.s.probe_success as f64;
+                    }
+                    continue;
+                }
                 let shared: Vec<u32> = topo
                     .uplinks(ts)
                     .iter()
@@ -456,6 +457,20 @@ impl<'a> Window<'a> {
                     a.tuples.push(id);
                 }
                 tuples.push(t);
+            }
+        }
+        // A probe from ToR t goes up one of its links and its ACKs come down one; a probe
+        // to t comes down one and its ACKs go up one: both directions carry the path.
+        for (&t, &(total, failed, answered)) in &spread {
+            let ups = topo.uplinks(t);
+            let k = ups.len().max(1) as f64;
+            for &s in ups {
+                for dir in [LinkDir::Up, LinkDir::Down] {
+                    let a = links.entry((t, s, dir)).or_default();
+                    a.total += total / k;
+                    a.failed += failed / k;
+                    a.answered += answered / k;
+                }
             }
         }
         let mut found: BTreeMap<(u32, u32), LinkBlame> = BTreeMap::new();
@@ -605,6 +620,14 @@ impl<'a> Window<'a> {
                 self.blames.push(blame);
             }
         }
+    }
+}
+
+/// `<host>/<device>`, or the GID when the inventory does not know the RNIC.
+fn rnic_location(gid: &str, inv: &dyn Inventory) -> String {
+    match inv.place(gid) {
+        Some(p) => format!("{}/{}", p.host, p.device),
+        None => gid.to_string(),
     }
 }
 
