@@ -43,6 +43,7 @@ pub fn router(state: Arc<ControllerState>) -> Router {
         .route("/api/paths", get(paths))
         .route("/api/service-paths", get(service_paths))
         .route("/api/findings", get(findings))
+        .route("/api/localized", get(localized))
         .route("/api/rnics", get(rnics))
         .with_state(state)
 }
@@ -118,7 +119,16 @@ fn tor_ids(st: &ControllerState) -> Vec<String> {
 
 async fn overview(State(st): St) -> Response {
     let c = st.liveness_counts();
-    let open_findings = st.analyzer().map(|a| a.finding_book().open_count());
+    let (open_findings, localized_open) = st
+        .analyzer()
+        .map(|a| {
+            let by_kind = a.localizer().open_by_kind();
+            (
+                a.finding_book().open_count(),
+                by_kind.values().sum::<usize>(),
+            )
+        })
+        .unzip();
     let s = sla(&st);
     no_store(json!({
         "controller_version": env!("CARGO_PKG_VERSION"),
@@ -132,6 +142,7 @@ async fn overview(State(st): St) -> Response {
         "agents": { "total": c.agents, "active": c.agents_active },
         "tors": st.registry.index().tor_count(),
         "findings_open": open_findings,
+        "localized_open": localized_open,
         "service_paths": st.service_path_counts().values().sum::<u64>(),
     }))
 }
@@ -206,6 +217,18 @@ async fn findings(State(st): St, Query(q): Query<HashMap<String, String>>) -> Re
         .unwrap_or_default();
     no_store(views::findings(
         &sla_or_default(&st),
+        &list,
+        num("limit", DEFAULT_LIMIT).clamp(1, MAX_LIMIT),
+    ))
+}
+
+async fn localized(State(st): St, Query(q): Query<HashMap<String, String>>) -> Response {
+    let num = |k: &str, d: usize| q.get(k).and_then(|v| v.parse::<usize>().ok()).unwrap_or(d);
+    let list = st
+        .analyzer()
+        .map(|a| a.localizer().list(num("resolved_limit", 100), ""))
+        .unwrap_or_default();
+    no_store(views::localized(
         &list,
         num("limit", DEFAULT_LIMIT).clamp(1, MAX_LIMIT),
     ))

@@ -292,6 +292,35 @@ pub fn findings(sla: &Sla, list: &[Finding], limit: usize) -> Value {
     json!({ "open": open, "total": list.len(), "findings": items })
 }
 
+/// Localized findings (the broken components), open first; at most `limit` listed.
+pub fn localized(list: &[rpingmesh_proto::operator::Finding], limit: usize) -> Value {
+    let open = list.iter().filter(|f| f.open).count();
+    let items: Vec<Value> = list
+        .iter()
+        .take(limit)
+        .map(|f| {
+            let ev = f.evidence.clone().unwrap_or_default();
+            json!({
+                "id": f.id,
+                "kind": f.kind,
+                "location": f.location,
+                "symptom": f.symptom,
+                "confidence": f.confidence,
+                "status": if f.open { "open" } else { "resolved" },
+                "opened_unix_ns": f.opened_unix_ns,
+                "last_seen_unix_ns": f.last_seen_unix_ns,
+                "resolved_unix_ns": (!f.open).then_some(f.resolved_unix_ns),
+                "windows": ev.windows,
+                "detail": ev.detail,
+                "direction": ev.direction,
+                "flow_labels": ev.flow_labels,
+                "paths_total": ev.paths_total,
+            })
+        })
+        .collect();
+    json!({ "open": open, "total": list.len(), "findings": items })
+}
+
 /// An agent as the page lists it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AgentRow {
@@ -420,6 +449,51 @@ mod tests {
         assert_eq!(v["paths"].as_array().unwrap().len(), 2);
         assert_eq!(v["paths"][0]["source_gid"], "b");
         assert_eq!(v["paths"][1]["source_gid"], "c");
+    }
+
+    #[test]
+    fn localized_findings_name_the_component() {
+        use rpingmesh_proto::operator::{Finding, FindingEvidence};
+        let f = Finding {
+            id: 4,
+            kind: "link".into(),
+            location: "tor2-spine3".into(),
+            symptom: "loss".into(),
+            confidence: 0.8,
+            opened_unix_ns: 10,
+            last_seen_unix_ns: 20,
+            open: true,
+            evidence: Some(FindingEvidence {
+                windows: 2,
+                flow_labels: vec![7, 9],
+                direction: "up".into(),
+                detail: "loss 5%".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let resolved = Finding {
+            open: false,
+            resolved_unix_ns: 30,
+            ..f.clone()
+        };
+        let v = localized(&[f, resolved], 5);
+        assert_eq!(
+            (v["open"].as_u64(), v["total"].as_u64()),
+            (Some(1), Some(2))
+        );
+        let x = &v["findings"][0];
+        assert_eq!(
+            (
+                x["kind"].as_str(),
+                x["location"].as_str(),
+                x["status"].as_str()
+            ),
+            (Some("link"), Some("tor2-spine3"), Some("open"))
+        );
+        assert_eq!(x["flow_labels"], json!([7, 9]));
+        assert!(x["resolved_unix_ns"].is_null());
+        assert_eq!(v["findings"][1]["resolved_unix_ns"], 30);
     }
 
     #[test]
