@@ -6,7 +6,8 @@
 //! The controller is reached in plaintext, TLS or mTLS with the agent's keys: `--tls-mode`,
 //! `--tls-cert-file`, `--tls-key-file`, `--tls-ca-file`, `--tls-server-name`, each also as
 //! `RPINGMESH_TLS_*`, or `tls_*` / `controller_addr` from an agent YAML (`--config`).
-//! `paths` and `service-paths` take `--watch [--interval SECS] [--count N]`.
+//! `paths` and `service-paths` take `--watch [--interval SECS] [--count N]`; `findings
+//! --watch [--count N]` follows the controller's WatchFindings stream instead.
 //!
 //! Exit status (also in `--help`):
 //! - 0: every call answered;
@@ -16,6 +17,7 @@
 //!   deadline: every call is bounded by `--timeout-sec`).
 
 mod connect;
+mod findings;
 mod format;
 mod watch;
 
@@ -35,6 +37,7 @@ use rpingmesh_proto::operator::{
 };
 
 use connect::{Failure, Given, Target, TlsMode};
+use findings::FindingsArgs;
 use format::{loss_pct, or_dash, summary_json, us, utc, Table};
 use watch::WatchArgs;
 
@@ -176,6 +179,9 @@ enum Cmd {
         #[arg(long, default_value_t = 50)]
         limit: u32,
     },
+    /// Localized findings (a broken RNIC, host, ToR or ToR-spine link): open ones, then
+    /// the most recently resolved.
+    Findings(FindingsArgs),
     /// Live service paths learned from QP tracing, with their latest RTT and loss.
     ServicePaths {
         #[arg(long)]
@@ -225,6 +231,11 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     let target = connect::resolve(&cli.given())?;
     let op = target.connect().await?;
     let (cmd, json) = (&cli.cmd, cli.json);
+    if let Cmd::Findings(a) = cmd {
+        if a.watch {
+            return findings::watch(&mut op.clone(), &target, a, json).await;
+        }
+    }
     match cmd.watch() {
         Some(w) => {
             let title = std::env::args().skip(1).collect::<Vec<_>>().join(" ");
@@ -473,6 +484,7 @@ async fn query(
                 t.render()
             }
         }
+        Cmd::Findings(a) => findings::list(op, target, a, json).await?,
         Cmd::ServicePaths {
             service,
             gid,
@@ -656,5 +668,41 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(Cli::try_parse_from(["rpingmeshctl", "bogus"]).is_err());
+    }
+
+    #[test]
+    fn findings_flags() {
+        let c = Cli::try_parse_from([
+            "rpingmeshctl",
+            "findings",
+            "--kind",
+            "rnic",
+            "--resolved-limit",
+            "5",
+            "--watch",
+            "--count",
+            "2",
+        ])
+        .unwrap();
+        match c.cmd {
+            Cmd::Findings(a) => {
+                assert_eq!(a.kind.as_deref(), Some("rnic"));
+                assert_eq!((a.resolved_limit, a.watch, a.count), (5, true, Some(2)));
+            }
+            other => panic!("{other:?}"),
+        }
+        let c = Cli::try_parse_from(["rpingmeshctl", "findings"]).unwrap();
+        assert!(
+            c.cmd.watch().is_none(),
+            "findings --watch streams, no polling"
+        );
+        for bad in [
+            &["rpingmeshctl", "findings", "--count", "2"][..],
+            &["rpingmeshctl", "findings", "--watch", "--interval", "1"],
+            &["rpingmeshctl", "findings", "--resolved-limit", "-1"],
+        ] {
+            let e = Cli::try_parse_from(bad).unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{bad:?}");
+        }
     }
 }

@@ -15,6 +15,14 @@ use figment::{Figment, Metadata, Profile, Provider};
 use rpingmesh_metrics_export::{parse_listen_addr, Exporter};
 use serde::{Deserialize, Serialize};
 
+use crate::analyzer::AnalyzerParams;
+use crate::localize::LocalizerParams;
+use crate::topology::Topology;
+
+/// Upper bound of `analyzer_localize_settle_sec` (an hour: reports later than that are
+/// long gone from the agents' outboxes).
+pub const MAX_LOCALIZE_SETTLE_SEC: u64 = 3600;
+
 /// Environment variable prefix shared with the Go version.
 pub const ENV_PREFIX: &str = "RPINGMESH_";
 
@@ -32,6 +40,10 @@ pub const KEYS: &[&str] = &[
     "analyzer_sla_loss_ratio",
     "analyzer_sla_network_rtt_p99_ns",
     "analyzer_window_retention",
+    "analyzer_topology_file",
+    "analyzer_localize_settle_sec",
+    "analyzer_open_after_windows",
+    "analyzer_resolve_after_windows",
     "otel_collector_addr",
     "log_level",
     "tls_mode",
@@ -65,6 +77,15 @@ pub struct ControllerConfig {
     pub analyzer_sla_loss_ratio: f64,
     pub analyzer_sla_network_rtt_p99_ns: u64,
     pub analyzer_window_retention: u32,
+    /// Fabric topology (YAML: spines, each ToR's spines, optional ECMP hash) for naming
+    /// ToR-spine links; empty = none (link findings name a ToR's uplink or downlink side).
+    pub analyzer_topology_file: String,
+    /// How long after a window ends its reports are awaited before it is localized.
+    pub analyzer_localize_settle_sec: u64,
+    /// K: consecutive windows blaming a component before its finding opens.
+    pub analyzer_open_after_windows: u32,
+    /// M: windows not blaming a component before its open finding resolves.
+    pub analyzer_resolve_after_windows: u32,
     pub otel_collector_addr: String,
     pub log_level: String,
     pub tls_mode: String,
@@ -106,6 +127,10 @@ impl Default for ControllerConfig {
             analyzer_sla_loss_ratio: 0.02,
             analyzer_sla_network_rtt_p99_ns: 500_000,
             analyzer_window_retention: 20,
+            analyzer_topology_file: String::new(),
+            analyzer_localize_settle_sec: 10,
+            analyzer_open_after_windows: 1,
+            analyzer_resolve_after_windows: 2,
             otel_collector_addr: "localhost:4317".into(),
             log_level: "info".into(),
             tls_mode: "disabled".into(),
@@ -208,6 +233,19 @@ pub struct CliArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub analyzer_window_retention: Option<u32>,
+    /// Fabric topology YAML (spines, each ToR's spines, optional ECMP hash); empty = none.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub analyzer_topology_file: Option<String>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub analyzer_localize_settle_sec: Option<u64>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub analyzer_open_after_windows: Option<u32>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub analyzer_resolve_after_windows: Option<u32>,
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub otel_collector_addr: Option<String>,
@@ -406,6 +444,24 @@ impl ControllerConfig {
         if self.analyzer_window_retention == 0 {
             return Err(invalid("analyzer_window_retention", "must be >= 1"));
         }
+        if self.analyzer_localize_settle_sec > MAX_LOCALIZE_SETTLE_SEC {
+            return Err(invalid(
+                "analyzer_localize_settle_sec",
+                format!(
+                    "must be <= {MAX_LOCALIZE_SETTLE_SEC}, got {}",
+                    self.analyzer_localize_settle_sec
+                ),
+            ));
+        }
+        if self.analyzer_open_after_windows == 0 {
+            return Err(invalid("analyzer_open_after_windows", "must be >= 1"));
+        }
+        if self.analyzer_resolve_after_windows == 0 {
+            return Err(invalid("analyzer_resolve_after_windows", "must be >= 1"));
+        }
+        if self.analyzer_enabled {
+            self.topology()?;
+        }
         if self.service_flow_ttl_sec == 0 {
             return Err(invalid("service_flow_ttl_sec", "must be > 0"));
         }
@@ -449,6 +505,45 @@ impl ControllerConfig {
             require_readable("tls_ca_file", &self.tls_ca_file, &self.tls_mode)?;
         }
         Ok(())
+    }
+
+    /// The analyzer's parameters from the `analyzer_*` keys.
+    pub fn analyzer_params(&self) -> AnalyzerParams {
+        AnalyzerParams {
+            sla_loss_ratio: self.analyzer_sla_loss_ratio,
+            sla_network_rtt_p99_ns: self.analyzer_sla_network_rtt_p99_ns,
+            window_retention: self.analyzer_window_retention as usize,
+            localize_settle_ns: self
+                .analyzer_localize_settle_sec
+                .saturating_mul(1_000_000_000),
+            localizer: LocalizerParams {
+                open_after_windows: self.analyzer_open_after_windows,
+                resolve_after_windows: self.analyzer_resolve_after_windows,
+                ..LocalizerParams::default()
+            },
+            ..AnalyzerParams::default()
+        }
+    }
+
+    /// Reads and checks `analyzer_topology_file`; `None` when it is empty. The error is
+    /// one line naming the key, the path and what is wrong.
+    pub fn topology(&self) -> Result<Option<Topology>, ConfigError> {
+        let path = self.analyzer_topology_file.trim();
+        if path.is_empty() {
+            return Ok(None);
+        }
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            invalid(
+                "analyzer_topology_file",
+                format!("cannot read {path:?}: {e}"),
+            )
+        })?;
+        Topology::from_yaml(&text).map(Some).map_err(|e| {
+            invalid(
+                "analyzer_topology_file",
+                format!("{path:?}: {}", e.to_string().replace('\n', " ")),
+            )
+        })
     }
 
     /// `listen_addr` as a socket address; ":port" means all IPv4 interfaces.
@@ -879,6 +974,121 @@ mod tests {
             }),
             "database_uri"
         );
+    }
+
+    #[test]
+    fn localizer_keys_are_checked_and_mapped() {
+        let d = ControllerConfig::default;
+        for (c, key) in [
+            (
+                ControllerConfig {
+                    analyzer_open_after_windows: 0,
+                    ..d()
+                },
+                "analyzer_open_after_windows",
+            ),
+            (
+                ControllerConfig {
+                    analyzer_resolve_after_windows: 0,
+                    ..d()
+                },
+                "analyzer_resolve_after_windows",
+            ),
+            (
+                ControllerConfig {
+                    analyzer_localize_settle_sec: MAX_LOCALIZE_SETTLE_SEC + 1,
+                    ..d()
+                },
+                "analyzer_localize_settle_sec",
+            ),
+            (
+                ControllerConfig {
+                    analyzer_topology_file: "/nonexistent/topology.yaml".into(),
+                    ..d()
+                },
+                "analyzer_topology_file",
+            ),
+        ] {
+            assert_eq!(key_of(c), key);
+        }
+        let p = d().analyzer_params();
+        assert_eq!(p.localize_settle_ns, 10_000_000_000);
+        assert_eq!(
+            (
+                p.localizer.open_after_windows,
+                p.localizer.resolve_after_windows
+            ),
+            (1, 2)
+        );
+        assert_eq!(p.sla_loss_ratio, 0.02);
+        let c = ControllerConfig::load(
+            &CliArgs::default(),
+            env(&[
+                ("RPINGMESH_ANALYZER_LOCALIZE_SETTLE_SEC", "0"),
+                ("RPINGMESH_ANALYZER_OPEN_AFTER_WINDOWS", "3"),
+                ("RPINGMESH_ANALYZER_RESOLVE_AFTER_WINDOWS", "4"),
+            ]),
+        )
+        .unwrap();
+        let p = c.analyzer_params();
+        assert_eq!(p.localize_settle_ns, 0);
+        assert_eq!(
+            (
+                p.localizer.open_after_windows,
+                p.localizer.resolve_after_windows
+            ),
+            (3, 4)
+        );
+        assert_eq!(
+            p.localizer.loss_ratio,
+            LocalizerParams::default().loss_ratio
+        );
+        assert_eq!(c.topology().unwrap(), None);
+    }
+
+    #[test]
+    fn topology_file_is_read_and_its_errors_name_key_and_path() {
+        let good = yaml("spines: [s1, s2]\ntors:\n  t1: [s1, s2]\n  t2: [s2, s1]\n");
+        let c = ControllerConfig {
+            analyzer_topology_file: good.path().display().to_string(),
+            ..Default::default()
+        };
+        c.validate().unwrap();
+        let t = c.topology().unwrap().unwrap();
+        assert_eq!(t.tor_count(), 2);
+        let bad = yaml("spines: []\ntors:\n  t1: [s1]\n");
+        let path = bad.path().display().to_string();
+        let cli = CliArgs {
+            analyzer_topology_file: Some(path.clone()),
+            ..Default::default()
+        };
+        let e = ControllerConfig::load(&cli, env(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("`analyzer_topology_file`") && e.contains(&path) && e.contains("spines"),
+            "{e}"
+        );
+        assert!(!e.contains('\n'), "one line: {e}");
+        let e = ControllerConfig {
+            analyzer_topology_file: "/nonexistent/t.yaml".into(),
+            ..Default::default()
+        }
+        .validate()
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("`analyzer_topology_file`") && e.contains("/nonexistent/t.yaml"),
+            "{e}"
+        );
+        // Not read when the analyzer is off.
+        ControllerConfig {
+            analyzer_enabled: false,
+            analyzer_topology_file: "/nonexistent/t.yaml".into(),
+            ..Default::default()
+        }
+        .validate()
+        .unwrap();
     }
 
     #[test]

@@ -1,10 +1,14 @@
 //! rpingmesh-controller binary: config, logs, metrics, gRPC server, graceful shutdown.
 
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::Parser;
 use rpingmesh_controller::telemetry::{self, Telemetry};
 use rpingmesh_controller::{server, CliArgs, ControllerConfig};
+
+/// How long a SIGTERM/SIGINT waits for open calls to finish.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 fn main() -> ExitCode {
     let cli = CliArgs::parse();
@@ -68,7 +72,18 @@ async fn run(cfg: ControllerConfig) -> anyhow::Result<()> {
     );
     shutdown_signal().await;
     tracing::info!("shutting down");
-    let r = handle.shutdown().await;
+    // Open calls are drained (WatchFindings streams are ended first); a client that stops
+    // reading cannot hold the exit up past the grace.
+    let r = match tokio::time::timeout(SHUTDOWN_GRACE, handle.shutdown()).await {
+        Ok(r) => r,
+        Err(_) => {
+            tracing::warn!(
+                grace_sec = SHUTDOWN_GRACE.as_secs(),
+                "open calls did not finish in time; stopping without them"
+            );
+            Ok(())
+        }
+    };
     // The provider's shutdown blocks while it flushes; keep it off the async workers.
     let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
     tracing::info!("controller stopped");

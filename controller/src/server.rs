@@ -1,5 +1,5 @@
-//! Server assembly: bind, optional TLS/mTLS, both services, stale sweeper, graceful
-//! shutdown. Used by the binary, the tests and the benchmark.
+//! Server assembly: bind, optional TLS/mTLS, both services, stale sweeper, the findings
+//! tick, graceful shutdown. Used by the binary, the tests and the benchmark.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -33,6 +33,8 @@ pub struct ServerHandle {
 impl ServerHandle {
     /// Stops accepting, drains in-flight RPCs and waits for the server task.
     pub async fn shutdown(mut self) -> anyhow::Result<()> {
+        // Open WatchFindings streams never end on their own; the drain would wait for them.
+        self.state.stop_watches();
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
         }
@@ -73,12 +75,15 @@ pub fn sweep_interval(stale_threshold_sec: u64) -> Duration {
     Duration::from_secs((stale_threshold_sec / 10).clamp(1, 60))
 }
 
+/// How often the analyzer localizes settled windows and findings move.
+pub const FINDINGS_TICK: Duration = Duration::from_secs(1);
+
 /// Opens the registry named by the config and starts serving on `listen_addr`.
 pub async fn start(
     cfg: &ControllerConfig,
     metrics: AnalyzerMetrics,
 ) -> anyhow::Result<ServerHandle> {
-    let state = ControllerState::new(cfg, metrics).context("opening the registry")?;
+    let state = ControllerState::new(cfg, metrics)?;
     start_with_state(cfg, Arc::new(state)).await
 }
 
@@ -140,6 +145,23 @@ pub async fn start_with_state(
         })
     };
 
+    // Findings: localize settled windows, publish, store (see
+    // `ControllerState::findings_tick`; the store write blocks, so off the workers).
+    let findings = state.analyzer.is_some().then(|| {
+        let state = state.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(FINDINGS_TICK);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let st = state.clone();
+                if let Err(e) = tokio::task::spawn_blocking(move || st.findings_tick()).await {
+                    tracing::error!(error = %e, "findings tick task");
+                }
+            }
+        })
+    });
+
     let (http_addr, http) = match cfg.http_socket_addr()? {
         Some(addr) => {
             let (bound, join) = crate::web::serve(addr, state.clone())
@@ -161,6 +183,9 @@ pub async fn start_with_state(
             .await;
         sweeper.abort();
         watch.abort();
+        if let Some(f) = findings {
+            f.abort();
+        }
         r
     });
     Ok(ServerHandle {

@@ -1,14 +1,21 @@
 //! gRPC services: `controller_agent.ControllerService` (agents) and
 //! `rpingmesh.operator.v1.OperatorService` (operators), over one shared state.
 //! Locks are std locks held only for synchronous sections, never across an await.
+//!
+//! Component findings (the localizer's) move in [`ControllerState::findings_tick`], which
+//! the server runs every second: it localizes the settled windows, publishes every change
+//! on a broadcast channel (WatchFindings) and writes the changed findings to the store.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
+use anyhow::Context;
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
+use tokio::sync::{broadcast, mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use rpingmesh_proto::controller_agent::controller_service_server::ControllerService;
@@ -20,18 +27,22 @@ use rpingmesh_proto::controller_agent::{
 use rpingmesh_proto::gid::normalize_gid;
 use rpingmesh_proto::operator::operator_service_server::OperatorService;
 use rpingmesh_proto::operator::{
-    ListPathsRequest, ListPathsResponse, ListRnicsRequest, ListRnicsResponse,
-    ListServicePathsRequest, ListServicePathsResponse, ListTorPairsRequest, ListTorPairsResponse,
-    ListViolationsRequest, ListViolationsResponse, RnicStatus, ServicePath, TorPairStats,
-    Violation as ViolationMsg,
+    Finding, FindingEvent, ListFindingsRequest, ListFindingsResponse, ListPathsRequest,
+    ListPathsResponse, ListRnicsRequest, ListRnicsResponse, ListServicePathsRequest,
+    ListServicePathsResponse, ListTorPairsRequest, ListTorPairsResponse, ListViolationsRequest,
+    ListViolationsResponse, RnicStatus, ServicePath, TorPairStats, Violation as ViolationMsg,
+    WatchFindingsRequest,
 };
 
-use crate::analyzer::{Analyzer, AnalyzerParams, PathFilter, ViolationKind};
+use crate::analyzer::{Analyzer, PathFilter, ViolationKind};
 use crate::config::ControllerConfig;
 use crate::ecmp;
 use crate::liveness::{heartbeat_interval_sec, StallWatch};
+use crate::localize::ComponentKind;
 use crate::pinglist::{self, PinglistParams};
-use crate::registry::{self, AgentRecord, IndexedRegistry, Registry, RegistryError, RnicRecord};
+use crate::registry::{
+    self, AgentRecord, IndexedRegistry, Registry, RegistryError, RegistryIndex, RnicRecord,
+};
 use crate::service_paths::{ServicePathFilter, ServicePathParams, ServicePathTable, OTHER_SERVICE};
 use crate::telemetry::AnalyzerMetrics;
 
@@ -56,11 +67,33 @@ pub struct LivenessCounts {
     pub agents_active: u64,
 }
 
+/// Finding changes a WatchFindings subscriber may fall behind by before it is cut off
+/// with DATA_LOSS (it then calls again for a fresh snapshot). This bounds what the server
+/// buffers per subscriber.
+pub const FINDINGS_CHANNEL_CAPACITY: usize = 4096;
+
+/// Resolved findings in a WatchFindings snapshot (the most recently resolved; every open
+/// finding is in it).
+pub const WATCH_SNAPSHOT_RESOLVED: usize = 100;
+
+/// Changed findings kept for the next tick while the store fails to take them; past this
+/// the oldest ids are given up (logged).
+const UNSAVED_FINDINGS_CAP: usize = 10_000;
+
 /// Everything the services share.
 pub struct ControllerState {
     pub registry: IndexedRegistry,
     /// `None` when `analyzer_enabled` is false.
     pub analyzer: Option<Mutex<Analyzer>>,
+    /// Every finding change, as [`Self::findings_tick`] makes it (WatchFindings). Sent
+    /// while the analyzer lock is held, so a subscriber that subscribes under that lock
+    /// and lists the findings sees each change exactly once, after its snapshot.
+    findings_tx: broadcast::Sender<FindingEvent>,
+    /// Changed findings the store has not taken yet (a failed write), by id.
+    findings_unsaved: Mutex<BTreeMap<u64, Finding>>,
+    /// Set when the server shuts down: ends the WatchFindings streams (a graceful
+    /// shutdown waits for every open call).
+    stopping: watch::Sender<bool>,
     pub metrics: AnalyzerMetrics,
     pub pinglist: PinglistParams,
     pub pinglist_seed: Option<u64>,
@@ -81,31 +114,49 @@ pub struct ControllerState {
 
 impl ControllerState {
     /// Opens the store named by `database_uri` and loads the index from it.
-    pub fn new(cfg: &ControllerConfig, metrics: AnalyzerMetrics) -> Result<Self, RegistryError> {
-        let db = cfg
-            .database()
-            .map_err(|e| RegistryError::Other(e.to_string()))?;
-        let store = registry::open_store(&db)?;
+    pub fn new(cfg: &ControllerConfig, metrics: AnalyzerMetrics) -> anyhow::Result<Self> {
+        let db = cfg.database()?;
+        let store = registry::open_store(&db).context("opening the registry")?;
         Self::with_store(cfg, store, metrics, system_clock())
     }
 
+    /// The state over `store`: loads the index, and the findings into the analyzer (open
+    /// ones continue, ids continue). Reads `analyzer_topology_file`.
     pub fn with_store(
         cfg: &ControllerConfig,
         store: Box<dyn Registry>,
         metrics: AnalyzerMetrics,
         clock: Clock,
-    ) -> Result<Self, RegistryError> {
-        let analyzer = cfg.analyzer_enabled.then(|| {
-            Mutex::new(Analyzer::new(AnalyzerParams {
-                sla_loss_ratio: cfg.analyzer_sla_loss_ratio,
-                sla_network_rtt_p99_ns: cfg.analyzer_sla_network_rtt_p99_ns,
-                window_retention: cfg.analyzer_window_retention as usize,
-                ..AnalyzerParams::default()
-            }))
-        });
-        let registry = IndexedRegistry::new(store)?;
+    ) -> anyhow::Result<Self> {
+        let topology = if cfg.analyzer_enabled {
+            cfg.topology()?
+        } else {
+            None
+        };
+        let registry = IndexedRegistry::new(store).context("opening the registry")?;
+        let analyzer = match cfg.analyzer_enabled {
+            false => None,
+            true => {
+                let mut a = Analyzer::with_topology(cfg.analyzer_params(), topology);
+                let findings = registry
+                    .load_findings()
+                    .context("loading the stored findings")?;
+                if !findings.is_empty() {
+                    let open = findings.iter().filter(|f| f.open).count();
+                    tracing::info!(
+                        open,
+                        resolved = findings.len() - open,
+                        "findings restored from the store"
+                    );
+                }
+                a.localizer_mut().restore(findings);
+                Some(Mutex::new(a))
+            }
+        };
         let now = clock() / 1_000_000_000;
-        let n = registry.excuse(u64::MAX, now)?;
+        let n = registry
+            .excuse(u64::MAX, now)
+            .context("opening the registry")?;
         if n > 0 {
             tracing::info!(
                 rnics = n,
@@ -115,6 +166,9 @@ impl ControllerState {
         Ok(Self {
             registry,
             analyzer,
+            findings_tx: broadcast::channel(FINDINGS_CHANNEL_CAPACITY).0,
+            findings_unsaved: Mutex::new(BTreeMap::new()),
+            stopping: watch::channel(false).0,
             metrics,
             pinglist: PinglistParams {
                 active_threshold_sec: cfg.active_threshold_sec,
@@ -256,6 +310,139 @@ impl ControllerState {
             })
             .collect();
         (page, total)
+    }
+
+    /// Localizes the windows that have settled (see [`Analyzer::tick`]), publishes the
+    /// changes to WatchFindings and writes the changed findings to the store. The server
+    /// calls it every second, off the async workers (the store write blocks). Returns the
+    /// changes.
+    pub fn findings_tick(&self) -> Vec<FindingEvent> {
+        let now = self.now_ns();
+        self.step_findings(|a, idx| a.tick(now, idx))
+    }
+
+    /// One step of the findings with `step` (the tick; tests and tools drive the
+    /// localizer with their own blames through it): `step` runs under the registry index
+    /// read lock and the analyzer lock (that order, as everywhere), its changes are
+    /// published before the analyzer lock is released, and stored after, with no lock of
+    /// the index or the analyzer held during the store write. A failed write is logged
+    /// and the findings are written again at the next step.
+    pub fn step_findings(
+        &self,
+        step: impl FnOnce(&mut Analyzer, &RegistryIndex) -> Vec<FindingEvent>,
+    ) -> Vec<FindingEvent> {
+        let Some(analyzer) = &self.analyzer else {
+            return Vec::new();
+        };
+        let events = {
+            let idx = self.registry.index();
+            let mut a = analyzer.lock().unwrap_or_else(|e| e.into_inner());
+            let events = step(&mut a, &idx);
+            for e in &events {
+                // No subscriber is not an error.
+                let _ = self.findings_tx.send(e.clone());
+            }
+            events
+        };
+        for e in &events {
+            let Some(f) = &e.finding else { continue };
+            let detail = f.evidence.as_ref().map_or("", |v| v.detail.as_str());
+            macro_rules! log {
+                ($level:ident) => {
+                    tracing::$level!(
+                        change = %e.change,
+                        id = f.id,
+                        kind = %f.kind,
+                        location = %f.location,
+                        symptom = %f.symptom,
+                        confidence = f.confidence,
+                        detail = %detail,
+                        "finding"
+                    )
+                };
+            }
+            // An open finding is updated by every window that still blames it.
+            if e.change == "updated" {
+                log!(debug);
+            } else {
+                log!(info);
+            }
+        }
+        self.persist_findings(&events);
+        events
+    }
+
+    /// Writes the findings of `events` (and any a failed write left) to the store.
+    fn persist_findings(&self, events: &[FindingEvent]) {
+        let mut unsaved = self
+            .findings_unsaved
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        for f in events.iter().filter_map(|e| e.finding.as_ref()) {
+            unsaved.insert(f.id, f.clone());
+        }
+        if unsaved.is_empty() {
+            return;
+        }
+        let batch: Vec<Finding> = unsaved.values().cloned().collect();
+        match self.registry.save_findings(&batch) {
+            Ok(()) => unsaved.clear(),
+            Err(e) => {
+                let mut given_up = 0;
+                while unsaved.len() > UNSAVED_FINDINGS_CAP {
+                    unsaved.pop_first();
+                    given_up += 1;
+                }
+                tracing::error!(
+                    error = %e,
+                    pending = unsaved.len(),
+                    given_up,
+                    "storing findings failed; retrying at the next tick"
+                );
+            }
+        }
+    }
+
+    /// Component findings: open ones (oldest first), then resolved ones (most recently
+    /// resolved first, at most `resolved_limit`, 0 = all retained); `kind` "" = all.
+    /// Unknown kinds are refused with the known ones named.
+    pub fn findings(&self, resolved_limit: usize, kind: &str) -> Result<Vec<Finding>, Status> {
+        check_finding_kind(kind)?;
+        Ok(self
+            .analyzer()
+            .map(|a| a.localizer().list(resolved_limit, kind))
+            .unwrap_or_default())
+    }
+
+    /// Subscribes to finding changes and takes the snapshot under the analyzer lock, so
+    /// the stream continues the snapshot exactly. The snapshot: every open finding and
+    /// the [`WATCH_SNAPSHOT_RESOLVED`] most recently resolved, of `kind` ("" = all).
+    pub fn watch_findings(
+        &self,
+        kind: &str,
+    ) -> Result<(Vec<Finding>, broadcast::Receiver<FindingEvent>), Status> {
+        check_finding_kind(kind)?;
+        match self.analyzer() {
+            Some(a) => {
+                let rx = self.findings_tx.subscribe();
+                Ok((a.localizer().list(WATCH_SNAPSHOT_RESOLVED, kind), rx))
+            }
+            None => Ok((Vec::new(), self.findings_tx.subscribe())),
+        }
+    }
+
+    /// Ends every WatchFindings stream (UNAVAILABLE) and refuses new ones: the server is
+    /// shutting down.
+    pub fn stop_watches(&self) {
+        self.stopping.send_replace(true);
+    }
+
+    /// Open component findings per kind (every kind, 0 when none); empty without the
+    /// analyzer.
+    pub fn open_findings_by_kind(&self) -> BTreeMap<&'static str, usize> {
+        self.analyzer()
+            .map(|a| a.localizer().open_by_kind())
+            .unwrap_or_default()
     }
 
     /// Open findings per (source ToR, target ToR, kind).
@@ -401,6 +588,38 @@ fn normalize_in_place(s: &mut String) -> bool {
 
 fn gid_arg(field: &str, text: &str) -> Result<String, Status> {
     normalize_gid(text).map_err(|e| Status::invalid_argument(format!("{field}: {e}")))
+}
+
+fn shutting_down() -> Status {
+    Status::unavailable("the controller is shutting down")
+}
+
+/// Hands one WatchFindings item to the response, unless the server stops first (then
+/// UNAVAILABLE, when there is room for it) or the client went away. `false`: stop.
+async fn forward(
+    tx: &mpsc::Sender<Result<FindingEvent, Status>>,
+    stopping: &mut watch::Receiver<bool>,
+    item: Result<FindingEvent, Status>,
+) -> bool {
+    tokio::select! {
+        r = tx.send(item) => r.is_ok(),
+        _ = stopping.changed() => {
+            let _ = tx.try_send(Err(shutting_down()));
+            false
+        }
+    }
+}
+
+/// "" or one of the component kinds; otherwise InvalidArgument naming the known kinds.
+fn check_finding_kind(kind: &str) -> Result<(), Status> {
+    if kind.is_empty() || ComponentKind::parse(kind).is_some() {
+        return Ok(());
+    }
+    let known: Vec<&str> = ComponentKind::ALL.iter().map(|k| k.as_str()).collect();
+    Err(Status::invalid_argument(format!(
+        "unknown finding kind {kind:?} (known: {})",
+        known.join(", ")
+    )))
 }
 
 fn store_err(e: RegistryError) -> Status {
@@ -743,24 +962,71 @@ fn optional_gid(field: &str, text: &str) -> Result<String, Status> {
 
 #[tonic::async_trait]
 impl OperatorService for OperatorSvc {
-    // PLACEHOLDER (durable findings helper replaces these two).
-    type WatchFindingsStream = std::pin::Pin<
-        Box<
-            dyn tokio_stream::Stream<Item = Result<rpingmesh_proto::operator::FindingEvent, Status>>
-                + Send,
-        >,
-    >;
+    type WatchFindingsStream =
+        std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<FindingEvent, Status>> + Send>>;
+
     async fn list_findings(
         &self,
-        _request: Request<rpingmesh_proto::operator::ListFindingsRequest>,
-    ) -> Result<Response<rpingmesh_proto::operator::ListFindingsResponse>, Status> {
-        Err(Status::unimplemented("ListFindings"))
+        request: Request<ListFindingsRequest>,
+    ) -> Result<Response<ListFindingsResponse>, Status> {
+        let req = request.into_inner();
+        let findings = self.0.findings(req.resolved_limit as usize, &req.kind)?;
+        Ok(Response::new(ListFindingsResponse { findings }))
     }
+
+    /// One "snapshot" event per current finding, then the live changes. What the server
+    /// holds per subscriber is bounded by [`FINDINGS_CHANNEL_CAPACITY`]: a subscriber
+    /// that falls further behind gets DATA_LOSS (which ends the call; calling again gives
+    /// a fresh snapshot), never an unbounded buffer.
     async fn watch_findings(
         &self,
-        _request: Request<rpingmesh_proto::operator::WatchFindingsRequest>,
+        request: Request<WatchFindingsRequest>,
     ) -> Result<Response<Self::WatchFindingsStream>, Status> {
-        Err(Status::unimplemented("WatchFindings"))
+        let kind = request.into_inner().kind;
+        let mut stopping = self.0.stopping.subscribe();
+        if *stopping.borrow_and_update() {
+            return Err(shutting_down());
+        }
+        let (snapshot, mut changes) = self.0.watch_findings(&kind)?;
+        // A small hand-off to the response: what waits for a slow client is the broadcast
+        // receiver's backlog, bounded by the channel's capacity.
+        let (tx, rx) = mpsc::channel::<Result<FindingEvent, Status>>(16);
+        tokio::spawn(async move {
+            for f in snapshot {
+                let e = FindingEvent {
+                    change: "snapshot".into(),
+                    finding: Some(f),
+                };
+                if !forward(&tx, &mut stopping, Ok(e)).await {
+                    return;
+                }
+            }
+            loop {
+                let next = tokio::select! {
+                    r = changes.recv() => r,
+                    _ = stopping.changed() => {
+                        let _ = tx.try_send(Err(shutting_down()));
+                        return;
+                    }
+                    _ = tx.closed() => return,
+                };
+                let out = match next {
+                    Ok(e) if kind.is_empty() || e.finding.as_ref().is_some_and(|f| f.kind == kind) => {
+                        Ok(e)
+                    }
+                    Ok(_) => continue,
+                    Err(broadcast::error::RecvError::Lagged(n)) => Err(Status::data_loss(format!(
+                        "WatchFindings: this watcher fell {n} changes behind; call WatchFindings again for a fresh snapshot"
+                    ))),
+                    Err(broadcast::error::RecvError::Closed) => return,
+                };
+                let last = out.is_err();
+                if !forward(&tx, &mut stopping, out).await || last {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
     async fn list_service_paths(
         &self,

@@ -122,15 +122,19 @@ impl Telemetry {
         self.pipeline.as_ref()?.prometheus_registry()
     }
 
-    /// Gauges read from the controller's state at collection time: open findings per
-    /// ToR pair and kind, RNICs by liveness, service paths per service.
+    /// Gauges read from the controller's state at collection time: open findings (per
+    /// ToR pair for the per-path kinds loss and rtt; per kind alone for the localized
+    /// components rnic, host, tor and link, every one present, 0 when none), RNICs by
+    /// liveness, service paths per service.
     pub fn observe_state(&self, state: &Arc<ControllerState>) {
         let Some(p) = &self.pipeline else { return };
         let meter = p.provider().meter("rpingmesh-controller");
         let st = Arc::downgrade(state);
         meter
             .u64_observable_gauge(METRIC_FINDINGS_OPEN)
-            .with_description("Open analyzer findings")
+            .with_description(
+                "Open analyzer findings: per path (kind loss|rtt, by ToR pair) and localized (kind rnic|host|tor|link)",
+            )
             .with_callback(move |o| {
                 let Some(st) = st.upgrade() else { return };
                 for ((src, dst, kind), n) in st.open_findings_by_tor_pair() {
@@ -142,6 +146,9 @@ impl Telemetry {
                             KeyValue::new("kind", kind.as_str()),
                         ],
                     );
+                }
+                for (kind, n) in st.open_findings_by_kind() {
+                    o.observe(n as u64, &[KeyValue::new("kind", kind)]);
                 }
             })
             .build();

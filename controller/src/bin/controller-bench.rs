@@ -604,14 +604,10 @@ fn bench_service_flows(agents: u64, flows: u64, reps: usize) {
 /// One window of `rnics` RNICs (8 per ToR on 4 hosts): every RNIC's ToR mesh and 5
 /// inter-ToR targets, 60 probes per path; RNIC 3 is dead and link tor-1 <-> spine-0 is
 /// down, so the paths they touch carry per-label detail (64 labels) as agents send it.
-fn localize_window(
-    rnics: u64,
-    start: u64,
-) -> (
-    Vec<PathSummary>,
-    HashMap<String, (String, String, String)>,
-    Topology,
-) {
+/// GID -> (host, device, ToR): the localizer's inventory in the bench.
+type Places = HashMap<String, (String, String, String)>;
+
+fn localize_window(rnics: u64, start: u64) -> (Vec<PathSummary>, Places, Topology) {
     use rpingmesh_controller::topology::EcmpModel;
     use rpingmesh_proto::controller_agent::FlowLabelStats;
     let per_tor = 8u64;

@@ -49,13 +49,13 @@ impl Fab {
         let topo = Topology::full_mesh(&tor_names, &spines, Some(EcmpModel::Fnv1a { seed: 1 }));
         let mut inv = HashMap::new();
         let mut gids = Vec::new();
-        for t in 0..tors {
+        for (t, tor) in tor_names.iter().enumerate() {
             let mut row = Vec::new();
             for i in 0..rnics {
                 let g = gid(t, i);
                 let host = format!("h{}-{}", t + 1, i / rnics_per_host + 1);
                 let dev = format!("r{}", i % rnics_per_host);
-                inv.insert(g.clone(), (host, dev, tor_names[t].clone()));
+                inv.insert(g.clone(), (host, dev, tor.clone()));
                 row.push(g);
             }
             gids.push(row);

@@ -7,8 +7,13 @@ mod sqlite;
 
 use std::sync::{Mutex, RwLock, RwLockReadGuard};
 
+use rpingmesh_proto::operator::Finding;
+
 pub use index::RegistryIndex;
 pub use sqlite::SqliteRegistry;
+
+/// Resolved findings a store keeps (the newest by resolution time); open ones are all kept.
+pub const RESOLVED_FINDINGS_KEPT: usize = 1000;
 
 use crate::config::DatabaseUri;
 
@@ -65,6 +70,11 @@ pub trait Registry: Send {
     /// Moves every agent's and RNIC's `last_updated` forward by `by` seconds, never
     /// past `now` and never back (see [`IndexedRegistry::excuse`]); returns the RNICs.
     fn excuse_all(&mut self, by: u64, now: u64) -> Result<usize, RegistryError>;
+    /// Stores the localizer's findings, replacing any stored under the same id, and keeps
+    /// only the newest [`RESOLVED_FINDINGS_KEPT`] resolved ones.
+    fn save_findings(&mut self, findings: &[Finding]) -> Result<(), RegistryError>;
+    /// Every stored finding, by id. A row that cannot be read back is logged and skipped.
+    fn load_findings(&self) -> Result<Vec<Finding>, RegistryError>;
 }
 
 /// Opens the store selected by `database_uri`.
@@ -155,6 +165,25 @@ impl IndexedRegistry {
     /// Read access to the index (pinglists, lookups). Do not hold across an await.
     pub fn index(&self) -> RwLockReadGuard<'_, RegistryIndex> {
         self.index.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Persists findings (the index is not involved: findings live in the analyzer).
+    pub fn save_findings(&self, findings: &[Finding]) -> Result<(), RegistryError> {
+        if findings.is_empty() {
+            return Ok(());
+        }
+        self.store
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .save_findings(findings)
+    }
+
+    /// The stored findings (at start, to restore the localizer).
+    pub fn load_findings(&self) -> Result<Vec<Finding>, RegistryError> {
+        self.store
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .load_findings()
     }
 
     /// Store-level RNIC listing (for consistency checks and tools).

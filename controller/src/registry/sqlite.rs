@@ -2,9 +2,11 @@
 
 use std::path::Path;
 
+use prost::Message;
+use rpingmesh_proto::operator::Finding;
 use rusqlite::{params, Connection, OptionalExtension, Row};
 
-use super::{AgentRecord, Registry, RegistryError, RnicRecord};
+use super::{AgentRecord, Registry, RegistryError, RnicRecord, RESOLVED_FINDINGS_KEPT};
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS agents (
@@ -26,6 +28,19 @@ CREATE TABLE IF NOT EXISTS rnics (
 );
 CREATE INDEX IF NOT EXISTS rnics_last_updated ON rnics(last_updated_epoch);
 CREATE INDEX IF NOT EXISTS rnics_agent ON rnics(agent_id);
+-- The localizer's findings (added after the registry tables: IF NOT EXISTS migrates a
+-- store from before). `body` is the prost-encoded operator.v1.Finding, the truth; the
+-- other columns are copies for pruning and inspection with the sqlite3 shell.
+CREATE TABLE IF NOT EXISTS findings (
+    id INTEGER PRIMARY KEY,
+    kind TEXT NOT NULL,
+    location TEXT NOT NULL,
+    open INTEGER NOT NULL,
+    opened_unix_ns INTEGER NOT NULL,
+    resolved_unix_ns INTEGER NOT NULL,
+    body BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS findings_resolved ON findings(open, resolved_unix_ns);
 ";
 
 const RNIC_COLUMNS: &str =
@@ -33,6 +48,8 @@ const RNIC_COLUMNS: &str =
 
 pub struct SqliteRegistry {
     conn: Connection,
+    /// Resolved findings kept by `save_findings` ([`RESOLVED_FINDINGS_KEPT`]).
+    resolved_kept: usize,
 }
 
 fn rnic_from_row(r: &Row<'_>) -> rusqlite::Result<RnicRecord> {
@@ -82,7 +99,15 @@ impl SqliteRegistry {
 
     fn init(conn: Connection) -> Result<Self, RegistryError> {
         conn.execute_batch(SCHEMA)?;
-        Ok(Self { conn })
+        Ok(Self {
+            conn,
+            resolved_kept: RESOLVED_FINDINGS_KEPT,
+        })
+    }
+
+    /// Changes how many resolved findings are kept (tests; at least 1).
+    pub fn set_resolved_findings_kept(&mut self, n: usize) {
+        self.resolved_kept = n.max(1);
     }
 }
 
@@ -210,6 +235,66 @@ impl Registry for SqliteRegistry {
         Ok(n)
     }
 
+    fn save_findings(&mut self, findings: &[Finding]) -> Result<(), RegistryError> {
+        let tx = self.conn.transaction()?;
+        {
+            let mut up = tx.prepare_cached(
+                "INSERT OR REPLACE INTO findings
+                 (id, kind, location, open, opened_unix_ns, resolved_unix_ns, body)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            )?;
+            for f in findings {
+                up.execute(params![
+                    epoch(f.id),
+                    f.kind,
+                    f.location,
+                    f.open,
+                    epoch(f.opened_unix_ns),
+                    epoch(f.resolved_unix_ns),
+                    f.encode_to_vec()
+                ])?;
+            }
+        }
+        if findings.iter().any(|f| !f.open) {
+            tx.prepare_cached(
+                "DELETE FROM findings WHERE open = 0 AND id NOT IN
+                 (SELECT id FROM findings WHERE open = 0
+                  ORDER BY resolved_unix_ns DESC, id DESC LIMIT ?1)",
+            )?
+            .execute(params![self.resolved_kept.min(i64::MAX as usize) as i64])?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    fn load_findings(&self) -> Result<Vec<Finding>, RegistryError> {
+        let mut st = self
+            .conn
+            .prepare_cached("SELECT id, body FROM findings ORDER BY id")?;
+        let rows = st.query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, Vec<u8>>(1))))?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (id, body) = row?;
+            let decoded = body
+                .map_err(|e| e.to_string())
+                .and_then(|b| Finding::decode(b.as_slice()).map_err(|e| e.to_string()));
+            match decoded {
+                Ok(f) if f.id == id as u64 => out.push(f),
+                Ok(f) => tracing::error!(
+                    row_id = id,
+                    body_id = f.id,
+                    "stored finding skipped: its body names another id"
+                ),
+                Err(e) => tracing::error!(
+                    row_id = id,
+                    error = %e,
+                    "stored finding skipped: its body cannot be decoded"
+                ),
+            }
+        }
+        Ok(out)
+    }
+
     fn remove_stale(&mut self, now: u64, stale_after: u64) -> Result<usize, RegistryError> {
         let cutoff = epoch(now.saturating_sub(stale_after));
         let tx = self.conn.transaction()?;
@@ -223,5 +308,156 @@ impl Registry for SqliteRegistry {
         .execute([])?;
         tx.commit()?;
         Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rpingmesh_proto::operator::{FindingEvidence, FindingPath};
+
+    fn finding(id: u64, open: bool, resolved_unix_ns: u64) -> Finding {
+        Finding {
+            id,
+            kind: "rnic".into(),
+            location: format!("host-{id}/mlx5_0"),
+            symptom: "down".into(),
+            confidence: 0.75,
+            opened_unix_ns: 1_000 + id,
+            last_seen_unix_ns: 2_000 + id,
+            resolved_unix_ns,
+            open,
+            evidence: Some(FindingEvidence {
+                windows: 3,
+                paths: vec![FindingPath {
+                    source_gid: "fd00:0000:0000:0000:0000:0000:0000:0001".into(),
+                    target_gid: "fd00:0000:0000:0000:0000:0000:0000:0002".into(),
+                    probe_total: 60,
+                    probe_failed: 60,
+                    network_rtt_p50_ns: 0,
+                }],
+                paths_total: 12,
+                probe_total: 720,
+                probe_failed: 700,
+                flow_labels: vec![7, 9],
+                direction: "up".into(),
+                excess_ns: 0,
+                detail: "12 of 12 paths to and from it fail".into(),
+            }),
+        }
+    }
+
+    #[test]
+    fn findings_round_trip_through_a_file_and_upsert_by_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("reg.db");
+        {
+            let mut st = SqliteRegistry::open(&path).unwrap();
+            st.save_findings(&[finding(1, true, 0), finding(2, false, 5_000)])
+                .unwrap();
+            // The same id again replaces the row: finding 1 resolves.
+            let mut f1 = finding(1, false, 6_000);
+            f1.symptom = "flapping".into();
+            st.save_findings(&[f1]).unwrap();
+        }
+        let st = SqliteRegistry::open(&path).unwrap();
+        let got = st.load_findings().unwrap();
+        let mut want1 = finding(1, false, 6_000);
+        want1.symptom = "flapping".into();
+        assert_eq!(got, vec![want1, finding(2, false, 5_000)]);
+        let (open, resolved): (i64, i64) = st
+            .conn
+            .query_row(
+                "SELECT open, resolved_unix_ns FROM findings WHERE id = 1",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap();
+        assert_eq!((open, resolved), (0, 6_000), "the columns follow the body");
+    }
+
+    #[test]
+    fn only_the_newest_resolved_findings_are_kept() {
+        let mut st = SqliteRegistry::open_in_memory().unwrap();
+        st.set_resolved_findings_kept(3);
+        // Open ones are never pruned, however many.
+        let open: Vec<Finding> = (100..110).map(|i| finding(i, true, 0)).collect();
+        st.save_findings(&open).unwrap();
+        // Resolved out of id order: the resolution time decides which are newest.
+        for (id, at) in [(1, 50), (2, 10), (3, 40), (4, 30), (5, 20)] {
+            st.save_findings(&[finding(id, false, at)]).unwrap();
+        }
+        let got = st.load_findings().unwrap();
+        let resolved: Vec<u64> = got.iter().filter(|f| !f.open).map(|f| f.id).collect();
+        assert_eq!(resolved, vec![1, 3, 4], "resolved at 50, 40 and 30");
+        assert_eq!(got.iter().filter(|f| f.open).count(), 10);
+        // The shipped bound.
+        let mut st = SqliteRegistry::open_in_memory().unwrap();
+        let many: Vec<Finding> = (1..=RESOLVED_FINDINGS_KEPT as u64 + 5)
+            .map(|i| finding(i, false, i))
+            .collect();
+        st.save_findings(&many).unwrap();
+        let got = st.load_findings().unwrap();
+        assert_eq!(got.len(), RESOLVED_FINDINGS_KEPT);
+        assert_eq!(got[0].id, 6, "the five oldest went");
+    }
+
+    #[test]
+    fn an_unreadable_row_is_skipped_not_fatal() {
+        let mut st = SqliteRegistry::open_in_memory().unwrap();
+        st.save_findings(&[finding(1, true, 0), finding(3, false, 9)])
+            .unwrap();
+        st.conn
+            .execute(
+                "INSERT INTO findings VALUES (2, 'rnic', 'x', 1, 0, 0, x'ffffffff0f')",
+                [],
+            )
+            .unwrap();
+        // A body that decodes but under another id is not trusted either.
+        st.conn
+            .execute(
+                "INSERT INTO findings VALUES (4, 'rnic', 'x', 1, 0, 0, ?1)",
+                params![finding(5, true, 0).encode_to_vec()],
+            )
+            .unwrap();
+        // Nor a body of the wrong SQL type.
+        st.conn
+            .execute(
+                "INSERT INTO findings VALUES (6, 'rnic', 'x', 1, 0, 0, 42)",
+                [],
+            )
+            .unwrap();
+        let ids: Vec<u64> = st.load_findings().unwrap().iter().map(|f| f.id).collect();
+        assert_eq!(ids, vec![1, 3]);
+    }
+
+    #[test]
+    fn a_store_from_before_findings_gets_the_table() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("old.db");
+        {
+            // The schema as it was: registry tables only, with a registration.
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(
+                "CREATE TABLE agents (agent_id TEXT PRIMARY KEY, agent_ip TEXT NOT NULL,
+                   hostname TEXT NOT NULL, tor_id TEXT NOT NULL,
+                   last_updated_epoch INTEGER NOT NULL);
+                 CREATE TABLE rnics (gid TEXT PRIMARY KEY, agent_id TEXT NOT NULL,
+                   qpn INTEGER NOT NULL, ip_address TEXT NOT NULL, host_name TEXT NOT NULL,
+                   tor_id TEXT NOT NULL, device_name TEXT NOT NULL,
+                   last_updated_epoch INTEGER NOT NULL);
+                 INSERT INTO agents VALUES ('a1', '10.0.0.1', 'h', 't1', 100);
+                 INSERT INTO rnics VALUES ('fd00:0000:0000:0000:0000:0000:0000:0001', 'a1',
+                   7, '10.0.0.1', 'h', 't1', 'mlx5_0', 100);",
+            )
+            .unwrap();
+        }
+        let mut st = SqliteRegistry::open(&path).unwrap();
+        assert_eq!(st.list_rnics().unwrap().len(), 1, "registrations kept");
+        assert!(st.load_findings().unwrap().is_empty());
+        st.save_findings(&[finding(1, true, 0)]).unwrap();
+        drop(st);
+        let st = SqliteRegistry::open(&path).unwrap();
+        assert_eq!(st.load_findings().unwrap(), vec![finding(1, true, 0)]);
     }
 }

@@ -1,5 +1,6 @@
 //! Shared by the in-process gRPC tests: a real tonic server on 127.0.0.1:0 over an
 //! in-memory SQLite registry, with a clock the test moves, and real clients.
+#![allow(dead_code)]
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

@@ -1,0 +1,308 @@
+//! `rpingmeshctl findings`: the controller's localized findings (a broken RNIC, host, ToR
+//! or ToR-spine link), as a table or JSON rows, and `--watch`, which follows the
+//! WatchFindings stream: one line per finding at the start ("snapshot"), then one per
+//! change ("opened", "updated", "resolved").
+
+use std::io::Write;
+
+use clap::Args;
+use serde_json::{json, Value};
+use tonic::transport::Channel;
+
+use rpingmesh_proto::operator::operator_service_client::OperatorServiceClient;
+use rpingmesh_proto::operator::{
+    Finding, FindingEvent, FindingEvidence, ListFindingsRequest, WatchFindingsRequest,
+};
+
+use crate::connect::{Failure, Target};
+use crate::format::{or_dash, utc, Table};
+
+#[derive(Debug, Clone, Args)]
+pub struct FindingsArgs {
+    /// Only this kind: rnic, host, tor or link (the controller checks it).
+    #[arg(long, value_name = "KIND")]
+    pub kind: Option<String>,
+    /// Resolved findings to list after the open ones, most recently resolved first
+    /// (0 = every one the controller keeps).
+    #[arg(long, value_name = "N", default_value_t = 20)]
+    pub resolved_limit: u32,
+    /// Follow the changes as they happen (WatchFindings): one line per current finding
+    /// ("snapshot"), then one per change ("opened", "updated", "resolved"), until Ctrl-C
+    /// or --count lines. A watcher the controller cut off for falling behind watches
+    /// again (a fresh snapshot) after one line on stderr.
+    #[arg(long, help_heading = "Watch")]
+    pub watch: bool,
+    /// Stop after this many lines (with --watch).
+    #[arg(long, help_heading = "Watch", value_name = "N", value_parser = clap::value_parser!(u64).range(1..), requires = "watch")]
+    pub count: Option<u64>,
+}
+
+fn ns_utc(ns: u64) -> String {
+    utc(ns / 1_000_000_000)
+}
+
+fn detail(f: &Finding) -> &str {
+    f.evidence.as_ref().map_or("", |e| e.detail.as_str())
+}
+
+/// Every field of a finding, raw units (ns, counts, a 0..1 confidence).
+pub fn finding_json(f: &Finding) -> Value {
+    let e = f.evidence.clone().unwrap_or_default();
+    json!({
+        "id": f.id,
+        "kind": f.kind,
+        "location": f.location,
+        "symptom": f.symptom,
+        "confidence": f.confidence,
+        "open": f.open,
+        "opened_unix_ns": f.opened_unix_ns,
+        "last_seen_unix_ns": f.last_seen_unix_ns,
+        "resolved_unix_ns": f.resolved_unix_ns,
+        "evidence": evidence_json(&e),
+    })
+}
+
+fn evidence_json(e: &FindingEvidence) -> Value {
+    json!({
+        "windows": e.windows,
+        "paths_total": e.paths_total,
+        "probe_total": e.probe_total,
+        "probe_failed": e.probe_failed,
+        "flow_labels": e.flow_labels,
+        "direction": e.direction,
+        "excess_ns": e.excess_ns,
+        "detail": e.detail,
+        "paths": e.paths.iter().map(|p| json!({
+            "source_gid": p.source_gid,
+            "target_gid": p.target_gid,
+            "probe_total": p.probe_total,
+            "probe_failed": p.probe_failed,
+            "network_rtt_p50_ns": p.network_rtt_p50_ns,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// The table: open findings first, as the controller orders them.
+pub fn table(findings: &[Finding]) -> String {
+    let mut t = Table::new(&[
+        ("ID", true),
+        ("KIND", false),
+        ("LOCATION", false),
+        ("SYMPTOM", false),
+        ("CONF", true),
+        ("OPENED", false),
+        ("LAST_SEEN", false),
+        ("RESOLVED", false),
+        ("DETAIL", false),
+    ]);
+    for f in findings {
+        t.row(vec![
+            f.id.to_string(),
+            f.kind.clone(),
+            or_dash(&f.location),
+            or_dash(&f.symptom),
+            format!("{:.2}", f.confidence),
+            ns_utc(f.opened_unix_ns),
+            ns_utc(f.last_seen_unix_ns),
+            if f.open {
+                "-".into()
+            } else {
+                ns_utc(f.resolved_unix_ns)
+            },
+            or_dash(detail(f)),
+        ]);
+    }
+    t.render()
+}
+
+/// One `--watch` line: the change, then `key=value` fields (the detail JSON-quoted), so a
+/// script can split it on spaces outside quotes.
+pub fn event_line(e: &FindingEvent) -> String {
+    let f = e.finding.clone().unwrap_or_default();
+    format!(
+        "{} id={} kind={} location={} symptom={} confidence={:.2} opened={} last_seen={} resolved={} detail={}",
+        e.change,
+        f.id,
+        or_dash(&f.kind),
+        or_dash(&f.location),
+        or_dash(&f.symptom),
+        f.confidence,
+        ns_utc(f.opened_unix_ns),
+        ns_utc(f.last_seen_unix_ns),
+        if f.open { "-".into() } else { ns_utc(f.resolved_unix_ns) },
+        Value::from(detail(&f)),
+    )
+}
+
+pub fn event_json(e: &FindingEvent) -> Value {
+    json!({
+        "change": e.change,
+        "finding": e.finding.as_ref().map(finding_json),
+    })
+}
+
+/// One ListFindings, rendered.
+pub async fn list(
+    op: &mut OperatorServiceClient<Channel>,
+    target: &Target,
+    a: &FindingsArgs,
+    json: bool,
+) -> Result<String, Failure> {
+    let findings = op
+        .list_findings(ListFindingsRequest {
+            resolved_limit: a.resolved_limit,
+            kind: a.kind.clone().unwrap_or_default(),
+        })
+        .await
+        .map_err(|s| target.rpc_failure("findings", s))?
+        .into_inner()
+        .findings;
+    Ok(if json {
+        findings
+            .iter()
+            .map(|f| format!("{}\n", finding_json(f)))
+            .collect()
+    } else {
+        table(&findings)
+    })
+}
+
+/// Follows WatchFindings until Ctrl-C, `--count` lines, or a failure: a status from the
+/// controller is exit 1, the controller going away (or shutting down) exit 3. DATA_LOSS
+/// (this watcher fell behind) is one line on stderr and a new watch.
+pub async fn watch(
+    op: &mut OperatorServiceClient<Channel>,
+    target: &Target,
+    a: &FindingsArgs,
+    json: bool,
+) -> Result<(), Failure> {
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    let req = WatchFindingsRequest {
+        kind: a.kind.clone().unwrap_or_default(),
+    };
+    let mut printed: u64 = 0;
+    loop {
+        let call = tokio::select! {
+            r = op.watch_findings(req.clone()) => r,
+            _ = &mut ctrl_c => return Ok(()),
+        };
+        let mut stream = call
+            .map_err(|s| target.rpc_failure("findings --watch", s))?
+            .into_inner();
+        loop {
+            let next = tokio::select! {
+                m = stream.message() => m,
+                _ = &mut ctrl_c => return Ok(()),
+            };
+            match next {
+                Ok(Some(e)) => {
+                    let line = if json {
+                        event_json(&e).to_string()
+                    } else {
+                        event_line(&e)
+                    };
+                    let mut out = std::io::stdout().lock();
+                    let _ = writeln!(out, "{line}");
+                    let _ = out.flush();
+                    printed += 1;
+                    if a.count.is_some_and(|c| printed >= c) {
+                        return Ok(());
+                    }
+                }
+                Ok(None) => {
+                    return Err(Failure::Unreachable(format!(
+                        "cannot reach controller at {}: it ended the findings watch",
+                        target.controller
+                    )))
+                }
+                Err(s) if s.code() == tonic::Code::DataLoss => {
+                    eprintln!(
+                        "rpingmeshctl: {}; watching again",
+                        s.message().replace('\n', " ")
+                    );
+                    break;
+                }
+                Err(s) => return Err(target.rpc_failure("findings --watch", s)),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn finding(open: bool) -> Finding {
+        Finding {
+            id: 7,
+            kind: "rnic".into(),
+            location: "host-1/mlx5_0".into(),
+            symptom: "down".into(),
+            confidence: 0.875,
+            opened_unix_ns: 1_700_000_000_000_000_000,
+            last_seen_unix_ns: 1_700_000_060_000_000_000,
+            resolved_unix_ns: if open { 0 } else { 1_700_000_120_000_000_000 },
+            open,
+            evidence: Some(FindingEvidence {
+                windows: 2,
+                detail: "all 12 paths to and from it fail".into(),
+                ..Default::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn table_columns_and_open_resolved() {
+        let t = table(&[finding(true), finding(false)]);
+        let rows: Vec<Vec<&str>> = t.lines().map(|l| l.split_whitespace().collect()).collect();
+        assert_eq!(
+            rows[0],
+            [
+                "ID",
+                "KIND",
+                "LOCATION",
+                "SYMPTOM",
+                "CONF",
+                "OPENED",
+                "LAST_SEEN",
+                "RESOLVED",
+                "DETAIL"
+            ]
+        );
+        assert_eq!(
+            rows[1][..8],
+            [
+                "7",
+                "rnic",
+                "host-1/mlx5_0",
+                "down",
+                "0.88",
+                "2023-11-14T22:13:20Z",
+                "2023-11-14T22:14:20Z",
+                "-"
+            ]
+        );
+        assert_eq!(rows[1][8..].join(" "), "all 12 paths to and from it fail");
+        assert_eq!(rows[2][7], "2023-11-14T22:15:20Z");
+    }
+
+    #[test]
+    fn watch_lines_and_json() {
+        let e = FindingEvent {
+            change: "opened".into(),
+            finding: Some(finding(true)),
+        };
+        assert_eq!(
+            event_line(&e),
+            "opened id=7 kind=rnic location=host-1/mlx5_0 symptom=down confidence=0.88 \
+             opened=2023-11-14T22:13:20Z last_seen=2023-11-14T22:14:20Z resolved=- \
+             detail=\"all 12 paths to and from it fail\""
+        );
+        let v = event_json(&e);
+        assert_eq!(v["change"], "opened");
+        assert_eq!(v["finding"]["id"], 7);
+        assert_eq!(v["finding"]["evidence"]["windows"], 2);
+        assert_eq!(v["finding"]["open"], true);
+    }
+}
