@@ -112,6 +112,19 @@ struct RnicStat {
 }
 
 impl RnicStat {
+    /// Its peers fail to reach it and it fails to reach them: loss both ways, on most of
+    /// its paths, ToR-local ones included (an uplink problem spares those).
+    fn looks_broken(&self) -> bool {
+        if self.paths == 0 || self.out_total == 0 {
+            return false;
+        }
+        let both_ways = self.out_loss() >= RNIC_MIN_LOSS
+            && (self.in_total == 0 || self.in_loss() >= RNIC_MIN_LOSS);
+        let spread = self.lossy_paths as f64 >= RNIC_LOSSY_SHARE * self.paths as f64;
+        let local = self.local_paths == 0 || 2 * self.lossy_local_paths >= self.local_paths;
+        both_ways && spread && local
+    }
+
     fn in_loss(&self) -> f64 {
         ratio(self.in_failed as f64, self.in_total as f64)
     }
@@ -286,10 +299,9 @@ impl<'a> Window<'a> {
             }
             let e = per_tor.entry(self.rnics[i].tor).or_default();
             e.0 += 1;
-            let dead = s.out_total > 0
-                && s.out_loss() >= DOWN_LOSS
-                && (s.in_total == 0 || s.in_loss() >= DOWN_LOSS);
-            e.1 += dead as u32;
+            // As the RNIC rule sees one: a ToR going down mid-window (or back up) leaves
+            // every RNIC under it partly unreachable, not 90% so.
+            e.1 += s.looks_broken() as u32;
         }
         for (tor, (seen, dead)) in per_tor {
             if dead < 2 || (dead as f64) < TOR_DOWN_SHARE * seen as f64 {
@@ -304,15 +316,21 @@ impl<'a> Window<'a> {
                 }
             }
             let mut e = ev.finish();
+            let loss = ratio(e.probe_failed as f64, e.probe_total as f64);
             e.detail = format!(
                 "{dead} of its {seen} RNICs unreachable; loss {:.0}% over {} paths",
-                100.0 * ratio(e.probe_failed as f64, e.probe_total as f64),
+                100.0 * loss,
                 e.paths_total
             );
             self.blames.push(Blame {
                 kind: ComponentKind::Tor,
                 location: self.tors.names[tor as usize].clone(),
-                symptom: Symptom::Down,
+                // Partly down in a window it went down or came back in.
+                symptom: if loss >= DOWN_LOSS {
+                    Symptom::Down
+                } else {
+                    Symptom::Loss
+                },
                 confidence: ratio(dead as f64, seen as f64),
                 evidence: e,
             });
@@ -325,15 +343,7 @@ impl<'a> Window<'a> {
         let st = self.rnic_stats();
         let mut blamed = Vec::new();
         for (i, s) in st.iter().enumerate() {
-            if s.paths == 0 || s.out_total == 0 {
-                continue;
-            }
-            let both_ways =
-                s.out_loss() >= RNIC_MIN_LOSS && (s.in_total == 0 || s.in_loss() >= RNIC_MIN_LOSS);
-            let spread = s.lossy_paths as f64 >= RNIC_LOSSY_SHARE * s.paths as f64;
-            // An uplink problem spares ToR-local paths; an RNIC problem does not.
-            let local = s.local_paths == 0 || 2 * s.lossy_local_paths >= s.local_paths;
-            if both_ways && spread && local {
+            if s.looks_broken() {
                 blamed.push((i as u32, *s));
             }
         }
