@@ -4,6 +4,7 @@ mod bench;
 mod build_ebpf;
 mod demo;
 mod procs;
+mod sim;
 mod soak;
 mod vm;
 
@@ -42,6 +43,8 @@ enum Cmd {
     /// restarts, kills and cut-offs, time-compressed; prints windows lost, convergence
     /// and RSS, and fails on a missed target.
     Soak(soak::SoakArgs),
+    /// Run a fault scenario on the simulated fabric (release build of rpingmesh-sim).
+    Sim(sim::SimArgs),
 }
 
 fn main() -> ExitCode {
@@ -55,6 +58,7 @@ fn main() -> ExitCode {
         Cmd::HwCheck => hw_check(),
         Cmd::VmTest => vm::vm_test(),
         Cmd::Soak(a) => soak::run(a),
+        Cmd::Sim(a) => sim::run(a),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,1093 @@
+//! Scenario files: the fabric's shape, the seed, the duration and the faults on their
+//! schedule. Parsed with serde-saphyr (unknown keys are refused everywhere) and then
+//! checked field by field, so a bad file gets one line naming the field, and for a
+//! fault its index and kind:
+//!
+//! ```text
+//! faults[3] (link_loss): loss must be in (0, 1], got 1.5
+//! ```
+//!
+//! A [`Scenario`] can also be built in code (randomized suites); [`Scenario::validate`]
+//! applies the same checks.
+
+use std::fmt;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::fabric::{parse_location, Location};
+
+/// Bounds beyond the obvious ones (the GID and name schemes, and sanity).
+pub const MAX_TORS: u32 = 4096;
+pub const MAX_SPINES: u32 = 256;
+pub const MAX_HOSTS_PER_TOR: u32 = 1024;
+pub const MAX_RNICS_PER_HOST: u32 = 8;
+
+/// A scenario: what to simulate.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Scenario {
+    pub seed: u64,
+    pub duration_sec: u64,
+    pub fabric: FabricSpec,
+    pub faults: Vec<Fault>,
+}
+
+/// The two-tier Clos fabric (see the crate documentation for the naming and the rail
+/// layout).
+#[derive(Debug, Clone, PartialEq)]
+pub struct FabricSpec {
+    pub tors: u32,
+    pub spines: u32,
+    pub hosts_per_tor: u32,
+    pub rnics_per_host: u32,
+    pub rail_optimized: bool,
+    /// Per link traversal (host-ToR, ToR-spine, spine-ToR, ToR-host).
+    pub link_latency_us: f64,
+    /// Each traversal adds uniform [0, link_jitter_us).
+    pub link_jitter_us: f64,
+}
+
+/// Which way across a ToR-spine link a link fault acts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Direction {
+    /// ToR to spine.
+    Up,
+    /// Spine to ToR.
+    Down,
+    Both,
+}
+
+impl Direction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Direction::Up => "up",
+            Direction::Down => "down",
+            Direction::Both => "both",
+        }
+    }
+    pub fn covers_up(self) -> bool {
+        matches!(self, Direction::Up | Direction::Both)
+    }
+    pub fn covers_down(self) -> bool {
+        matches!(self, Direction::Down | Direction::Both)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum FaultKind {
+    /// Every packet to or from the RNIC is dropped.
+    RnicDown,
+    /// Down for the first `down_fraction` of every `period_sec` (seeded phase).
+    RnicFlap { period_sec: f64, down_fraction: f64 },
+    /// The host's packet processing stalls: extra delay ~ Exp(mean `delay_us`) per
+    /// packet it handles, and 2% of them late beyond the probe timeout.
+    HostStall { delay_us: f64 },
+    /// Every packet through the ToR is dropped.
+    TorDown,
+    /// Packets crossing the ToR-spine link in `direction` are dropped with `loss`.
+    LinkLoss { loss: f64, direction: Direction },
+    /// Every packet crossing the link (both directions) is dropped.
+    LinkDown,
+    /// Packets crossing the link in `direction` take `add_us` longer.
+    LinkLatency { add_us: f64, direction: Direction },
+}
+
+/// The kinds, as scenario files name them.
+pub const FAULT_KINDS: [&str; 7] = [
+    "rnic_down",
+    "rnic_flap",
+    "host_stall",
+    "tor_down",
+    "link_loss",
+    "link_down",
+    "link_latency",
+];
+
+impl FaultKind {
+    pub fn name(&self) -> &'static str {
+        match self {
+            FaultKind::RnicDown => "rnic_down",
+            FaultKind::RnicFlap { .. } => "rnic_flap",
+            FaultKind::HostStall { .. } => "host_stall",
+            FaultKind::TorDown => "tor_down",
+            FaultKind::LinkLoss { .. } => "link_loss",
+            FaultKind::LinkDown => "link_down",
+            FaultKind::LinkLatency { .. } => "link_latency",
+        }
+    }
+
+    /// The finding kind the controller should report for this fault.
+    pub fn finding_kind(&self) -> &'static str {
+        match self {
+            FaultKind::RnicDown | FaultKind::RnicFlap { .. } => "rnic",
+            FaultKind::HostStall { .. } => "host",
+            FaultKind::TorDown => "tor",
+            FaultKind::LinkLoss { .. } | FaultKind::LinkDown | FaultKind::LinkLatency { .. } => {
+                "link"
+            }
+        }
+    }
+
+    /// The form `location` must have.
+    fn location_form(&self) -> (&'static str, &'static str) {
+        match self.finding_kind() {
+            "rnic" => ("an RNIC", "h<t>-<i>/r<j>, e.g. h1-1/r0"),
+            "host" => ("a host", "h<t>-<i>, e.g. h1-1"),
+            "tor" => ("a ToR", "tor<t>, e.g. tor1"),
+            _ => ("a ToR-spine link", "tor<t>-spine<s>, e.g. tor1-spine1"),
+        }
+    }
+
+    /// Per-kind fields (besides kind, location, start_sec, end_sec).
+    fn fields(name: &str) -> &'static [&'static str] {
+        match name {
+            "rnic_flap" => &["period_sec", "down_fraction"],
+            "host_stall" => &["delay_us"],
+            "link_loss" => &["loss", "direction"],
+            "link_latency" => &["add_us", "direction"],
+            _ => &[],
+        }
+    }
+}
+
+/// One fault on its schedule [start_sec, end_sec).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fault {
+    pub kind: FaultKind,
+    pub location: String,
+    pub start_sec: f64,
+    pub end_sec: f64,
+}
+
+/// What the controller is expected to report for a fault.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct GroundTruth {
+    /// "rnic" | "host" | "tor" | "link"
+    pub kind: &'static str,
+    /// rnic `h<t>-<i>/r<j>`, host `h<t>-<i>`, tor `tor<t>`, link `tor<t>-spine<s>`.
+    pub location: String,
+}
+
+/// The finding a fault should produce: rnic_down/rnic_flap -> "rnic" at the RNIC,
+/// host_stall -> "host" at the host, tor_down -> "tor" at the ToR, link_* -> "link" at
+/// `tor<t>-spine<s>`.
+pub fn ground_truth(f: &Fault) -> GroundTruth {
+    GroundTruth {
+        kind: f.kind.finding_kind(),
+        location: f.location.clone(),
+    }
+}
+
+/// A scenario that cannot run: one line naming the field.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScenarioError(String);
+
+impl ScenarioError {
+    pub fn new(msg: impl Into<String>) -> Self {
+        ScenarioError(msg.into())
+    }
+    pub fn message(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for ScenarioError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ScenarioError {}
+
+fn err<T>(msg: impl Into<String>) -> Result<T, ScenarioError> {
+    Err(ScenarioError::new(msg))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawScenario {
+    seed: Option<Value>,
+    duration_sec: Option<Value>,
+    fabric: Option<Value>,
+    faults: Option<Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFabric {
+    tors: Option<Value>,
+    spines: Option<Value>,
+    hosts_per_tor: Option<Value>,
+    rnics_per_host: Option<Value>,
+    rail_optimized: Option<Value>,
+    link_latency_us: Option<Value>,
+    link_jitter_us: Option<Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFault {
+    /// Read from the map before this struct (to name the kind in every message).
+    #[serde(rename = "kind")]
+    _kind: Option<Value>,
+    location: Option<Value>,
+    start_sec: Option<Value>,
+    end_sec: Option<Value>,
+    period_sec: Option<Value>,
+    down_fraction: Option<Value>,
+    delay_us: Option<Value>,
+    loss: Option<Value>,
+    add_us: Option<Value>,
+    direction: Option<Value>,
+}
+
+/// First line of a parser error, without its "error: " prefix.
+fn one_line(e: impl fmt::Display) -> String {
+    let s = e.to_string();
+    let line = s.lines().next().unwrap_or("").trim();
+    line.strip_prefix("error: ").unwrap_or(line).to_string()
+}
+
+fn shown(v: &Value) -> String {
+    match v {
+        Value::Null => "null (or NaN/infinity)".to_string(),
+        Value::String(s) => format!("{s:?}"),
+        other => other.to_string(),
+    }
+}
+
+fn required<'a>(v: &'a Option<Value>, what: &str) -> Result<&'a Value, ScenarioError> {
+    v.as_ref()
+        .ok_or_else(|| ScenarioError::new(format!("{what} is missing")))
+}
+
+fn whole(v: &Value, what: &str) -> Result<u64, ScenarioError> {
+    v.as_u64().ok_or_else(|| {
+        ScenarioError::new(format!(
+            "{what} must be a whole number >= 0, got {}",
+            shown(v)
+        ))
+    })
+}
+
+fn whole_u32(v: &Value, what: &str) -> Result<u32, ScenarioError> {
+    let n = whole(v, what)?;
+    u32::try_from(n).or_else(|_| err(format!("{what} is too large: {n}")))
+}
+
+fn number(v: &Value, what: &str) -> Result<f64, ScenarioError> {
+    match v.as_f64() {
+        Some(x) if x.is_finite() => Ok(x),
+        _ => err(format!("{what} must be a number, got {}", shown(v))),
+    }
+}
+
+fn text<'a>(v: &'a Value, what: &str) -> Result<&'a str, ScenarioError> {
+    v.as_str()
+        .ok_or_else(|| ScenarioError::new(format!("{what} must be a string, got {}", shown(v))))
+}
+
+impl Scenario {
+    /// Parses and checks a scenario file.
+    pub fn from_yaml(text_in: &str) -> Result<Scenario, ScenarioError> {
+        if text_in.lines().all(|l| {
+            let l = l.trim();
+            l.is_empty() || l.starts_with('#')
+        }) {
+            return err("scenario: the file is empty");
+        }
+        // `.nan` / `.inf` come through as text, so the field check names them.
+        let opts = serde_saphyr::options! {
+            non_finite_float_policy: serde_saphyr::NonFiniteFloatPolicy::AsString,
+        };
+        let raw: RawScenario = serde_saphyr::from_str_with_options(text_in, opts)
+            .map_err(|e| ScenarioError::new(format!("scenario: {}", one_line(e))))?;
+        let seed = whole(required(&raw.seed, "seed")?, "seed")?;
+        let duration_sec = whole(required(&raw.duration_sec, "duration_sec")?, "duration_sec")?;
+        let fabric = parse_fabric(required(&raw.fabric, "fabric")?)?;
+        let faults = match raw.faults {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(items)) => items
+                .into_iter()
+                .enumerate()
+                .map(|(i, v)| parse_fault(i, v))
+                .collect::<Result<Vec<_>, _>>()?,
+            Some(other) => {
+                return err(format!(
+                    "faults must be a list of faults, got {}",
+                    shown(&other)
+                ))
+            }
+        };
+        let s = Scenario {
+            seed,
+            duration_sec,
+            fabric,
+            faults,
+        };
+        s.validate()?;
+        Ok(s)
+    }
+
+    /// The checks `from_yaml` applies after parsing, for scenarios built in code.
+    pub fn validate(&self) -> Result<(), ScenarioError> {
+        if self.duration_sec == 0 {
+            return err("duration_sec must be > 0");
+        }
+        self.fabric.validate()?;
+        for (i, f) in self.faults.iter().enumerate() {
+            self.validate_fault(i, f)?;
+        }
+        Ok(())
+    }
+
+    fn validate_fault(&self, i: usize, f: &Fault) -> Result<(), ScenarioError> {
+        let at = format!("faults[{i}] ({})", f.kind.name());
+        let dur = self.duration_sec as f64;
+        if !f.start_sec.is_finite() || f.start_sec < 0.0 {
+            return err(format!(
+                "{at}: start_sec must be a number >= 0, got {}",
+                f.start_sec
+            ));
+        }
+        if !f.end_sec.is_finite() {
+            return err(format!("{at}: end_sec must be a number, got {}", f.end_sec));
+        }
+        if f.end_sec <= f.start_sec {
+            return err(format!(
+                "{at}: end_sec ({}) must be after start_sec ({})",
+                f.end_sec, f.start_sec
+            ));
+        }
+        if f.start_sec >= dur {
+            return err(format!(
+                "{at}: start_sec ({}) is beyond duration_sec ({})",
+                f.start_sec, self.duration_sec
+            ));
+        }
+        if f.end_sec > dur {
+            return err(format!(
+                "{at}: end_sec ({}) is beyond duration_sec ({})",
+                f.end_sec, self.duration_sec
+            ));
+        }
+        let open = |lo: f64, x: f64, hi: f64| x > lo && x < hi;
+        match f.kind {
+            FaultKind::RnicFlap {
+                period_sec,
+                down_fraction,
+            } => {
+                if !(period_sec.is_finite() && period_sec > 0.0) {
+                    return err(format!("{at}: period_sec must be > 0, got {period_sec}"));
+                }
+                if !open(0.0, down_fraction, 1.0) {
+                    return err(format!(
+                        "{at}: down_fraction must be in (0, 1), got {down_fraction}"
+                    ));
+                }
+            }
+            FaultKind::HostStall { delay_us } => {
+                if !(delay_us.is_finite() && delay_us > 0.0) {
+                    return err(format!("{at}: delay_us must be > 0, got {delay_us}"));
+                }
+            }
+            FaultKind::LinkLoss { loss, .. } => {
+                if !(loss > 0.0 && loss <= 1.0) {
+                    return err(format!("{at}: loss must be in (0, 1], got {loss}"));
+                }
+            }
+            FaultKind::LinkLatency { add_us, .. } => {
+                if !(add_us.is_finite() && add_us > 0.0) {
+                    return err(format!("{at}: add_us must be > 0, got {add_us}"));
+                }
+            }
+            FaultKind::RnicDown | FaultKind::TorDown | FaultKind::LinkDown => {}
+        }
+        self.check_location(&at, f)
+    }
+
+    fn check_location(&self, at: &str, f: &Fault) -> Result<(), ScenarioError> {
+        let (what, form) = f.kind.location_form();
+        let loc = &f.location;
+        let Some(parsed) = parse_location(loc) else {
+            return err(format!(
+                "{at}: location `{loc}` is not {what}: expected {form}"
+            ));
+        };
+        let fab = &self.fabric;
+        let kind_ok = matches!(
+            (f.kind.finding_kind(), &parsed),
+            ("rnic", Location::Rnic { .. })
+                | ("host", Location::Host { .. })
+                | ("tor", Location::Tor { .. })
+                | ("link", Location::Link { .. })
+        );
+        if !kind_ok {
+            return err(format!(
+                "{at}: location `{loc}` is {}, not {what}: expected {form}",
+                parsed.describe()
+            ));
+        }
+        if let Err(why) = fab.locate(&parsed) {
+            return err(format!(
+                "{at}: location `{loc}` is not in the fabric: {why}"
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl FabricSpec {
+    pub fn validate(&self) -> Result<(), ScenarioError> {
+        let range = |name: &str, v: u32, max: u32| -> Result<(), ScenarioError> {
+            if v == 0 {
+                return err(format!("fabric.{name} must be > 0"));
+            }
+            if v > max {
+                return err(format!("fabric.{name} must be at most {max}, got {v}"));
+            }
+            Ok(())
+        };
+        range("tors", self.tors, MAX_TORS)?;
+        range("spines", self.spines, MAX_SPINES)?;
+        range("hosts_per_tor", self.hosts_per_tor, MAX_HOSTS_PER_TOR)?;
+        if !(1..=MAX_RNICS_PER_HOST).contains(&self.rnics_per_host) {
+            return err(format!(
+                "fabric.rnics_per_host must be in 1..={MAX_RNICS_PER_HOST}, got {}",
+                self.rnics_per_host
+            ));
+        }
+        for (name, v) in [
+            ("link_latency_us", self.link_latency_us),
+            ("link_jitter_us", self.link_jitter_us),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                return err(format!(
+                    "fabric.{name} must be a finite number >= 0, got {v}"
+                ));
+            }
+        }
+        if self.rail_optimized && !self.tors.is_multiple_of(self.rnics_per_host) {
+            return err(format!(
+                "fabric.rail_optimized: tors ({}) must be a multiple of rnics_per_host ({})",
+                self.tors, self.rnics_per_host
+            ));
+        }
+        Ok(())
+    }
+
+    /// Hosts per rail group (rail_optimized) or per ToR.
+    pub fn host_groups(&self) -> u32 {
+        if self.rail_optimized {
+            self.tors / self.rnics_per_host
+        } else {
+            self.tors
+        }
+    }
+
+    /// Ok when the parsed location exists in this fabric; else why not.
+    pub(crate) fn locate(&self, l: &Location) -> Result<(), String> {
+        let groups = self.host_groups();
+        let host = |g: u32, i: u32| -> Result<(), String> {
+            if g == 0 || g > groups || i == 0 || i > self.hosts_per_tor {
+                return Err(format!("hosts are h1-1..h{groups}-{}", self.hosts_per_tor));
+            }
+            Ok(())
+        };
+        match *l {
+            Location::Tor { t } => {
+                if t == 0 || t > self.tors {
+                    return Err(format!("ToRs are tor1..tor{}", self.tors));
+                }
+            }
+            Location::Link { t, s } => {
+                if t == 0 || t > self.tors {
+                    return Err(format!("ToRs are tor1..tor{}", self.tors));
+                }
+                if s == 0 || s > self.spines {
+                    return Err(format!("spines are spine1..spine{}", self.spines));
+                }
+            }
+            Location::Host { g, i } => host(g, i)?,
+            Location::Rnic { g, i, j } => {
+                host(g, i)?;
+                if j >= self.rnics_per_host {
+                    return Err(format!("devices are r0..r{}", self.rnics_per_host - 1));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn parse_fabric(v: &Value) -> Result<FabricSpec, ScenarioError> {
+    if !v.is_object() {
+        return err(format!("fabric must be a mapping, got {}", shown(v)));
+    }
+    let raw: RawFabric = serde_json::from_value(v.clone())
+        .map_err(|e| ScenarioError::new(format!("fabric: {}", one_line(e))))?;
+    let u = |v: &Option<Value>, name: &str| -> Result<u32, ScenarioError> {
+        let what = format!("fabric.{name}");
+        whole_u32(required(v, &what)?, &what)
+    };
+    let f = |v: &Option<Value>, name: &str| -> Result<f64, ScenarioError> {
+        let what = format!("fabric.{name}");
+        let x = required(v, &what)?;
+        match x.as_f64() {
+            Some(n) if n.is_finite() && n >= 0.0 => Ok(n),
+            _ => err(format!(
+                "{what} must be a finite number >= 0, got {}",
+                shown(x)
+            )),
+        }
+    };
+    let rail_optimized = match &raw.rail_optimized {
+        None => false,
+        Some(Value::Bool(b)) => *b,
+        Some(other) => {
+            return err(format!(
+                "fabric.rail_optimized must be true or false, got {}",
+                shown(other)
+            ))
+        }
+    };
+    Ok(FabricSpec {
+        tors: u(&raw.tors, "tors")?,
+        spines: u(&raw.spines, "spines")?,
+        hosts_per_tor: u(&raw.hosts_per_tor, "hosts_per_tor")?,
+        rnics_per_host: u(&raw.rnics_per_host, "rnics_per_host")?,
+        rail_optimized,
+        link_latency_us: f(&raw.link_latency_us, "link_latency_us")?,
+        link_jitter_us: f(&raw.link_jitter_us, "link_jitter_us")?,
+    })
+}
+
+fn parse_fault(i: usize, v: Value) -> Result<Fault, ScenarioError> {
+    let Value::Object(map) = &v else {
+        return err(format!("faults[{i}] must be a mapping, got {}", shown(&v)));
+    };
+    // The kind first, so every later message can name it.
+    let kind = match map.get("kind") {
+        None => return err(format!("faults[{i}]: kind is missing")),
+        Some(Value::String(k)) if FAULT_KINDS.contains(&k.as_str()) => k.clone(),
+        Some(Value::String(k)) => {
+            return err(format!(
+                "faults[{i}]: unknown kind `{k}` (known: {})",
+                FAULT_KINDS.join(", ")
+            ))
+        }
+        Some(other) => {
+            return err(format!(
+                "faults[{i}]: kind must be a string, got {}",
+                shown(other)
+            ))
+        }
+    };
+    let at = format!("faults[{i}] ({kind})");
+    let raw: RawFault = serde_json::from_value(v.clone())
+        .map_err(|e| ScenarioError::new(format!("{at}: {}", one_line(e))))?;
+    // Fields of other kinds.
+    let own = FaultKind::fields(&kind);
+    for key in map.keys() {
+        let common = matches!(key.as_str(), "kind" | "location" | "start_sec" | "end_sec");
+        if !common && !own.contains(&key.as_str()) {
+            let allowed: Vec<&str> = ["location", "start_sec", "end_sec"]
+                .into_iter()
+                .chain(own.iter().copied())
+                .collect();
+            return err(format!(
+                "{at}: field `{key}` does not belong to {kind} (its fields: {})",
+                allowed.join(", ")
+            ));
+        }
+    }
+    let field = |name: &str| format!("{at}: {name}");
+    let location = text(
+        required(&raw.location, &field("location"))?,
+        &field("location"),
+    )?;
+    let start_sec = number(
+        required(&raw.start_sec, &field("start_sec"))?,
+        &field("start_sec"),
+    )?;
+    let end_sec = number(
+        required(&raw.end_sec, &field("end_sec"))?,
+        &field("end_sec"),
+    )?;
+    let num = |v: &Option<Value>, name: &str| -> Result<f64, ScenarioError> {
+        number(required(v, &field(name))?, &field(name))
+    };
+    let direction = || -> Result<Direction, ScenarioError> {
+        match &raw.direction {
+            None => Ok(Direction::Both),
+            Some(Value::String(s)) if s == "up" => Ok(Direction::Up),
+            Some(Value::String(s)) if s == "down" => Ok(Direction::Down),
+            Some(Value::String(s)) if s == "both" => Ok(Direction::Both),
+            Some(other) => err(format!(
+                "{at}: direction must be up, down or both, got {}",
+                shown(other)
+            )),
+        }
+    };
+    let fk = match kind.as_str() {
+        "rnic_down" => FaultKind::RnicDown,
+        "rnic_flap" => FaultKind::RnicFlap {
+            period_sec: num(&raw.period_sec, "period_sec")?,
+            down_fraction: num(&raw.down_fraction, "down_fraction")?,
+        },
+        "host_stall" => FaultKind::HostStall {
+            delay_us: num(&raw.delay_us, "delay_us")?,
+        },
+        "tor_down" => FaultKind::TorDown,
+        "link_loss" => FaultKind::LinkLoss {
+            loss: num(&raw.loss, "loss")?,
+            direction: direction()?,
+        },
+        "link_down" => FaultKind::LinkDown,
+        "link_latency" => FaultKind::LinkLatency {
+            add_us: num(&raw.add_us, "add_us")?,
+            direction: direction()?,
+        },
+        _ => unreachable!("kind checked above"),
+    };
+    Ok(Fault {
+        kind: fk,
+        location: location.to_string(),
+        start_sec,
+        end_sec,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = "seed: 7
+duration_sec: 1800
+fabric:
+  tors: 16
+  spines: 4
+  hosts_per_tor: 4
+  rnics_per_host: 2
+  rail_optimized: false
+  link_latency_us: 2.0
+  link_jitter_us: 0.3
+faults:
+  - {kind: rnic_down,    location: h3-2/r1,     start_sec: 300, end_sec: 900}
+  - {kind: rnic_flap,    location: h5-1/r0,     start_sec: 300, end_sec: 900, period_sec: 20, down_fraction: 0.3}
+  - {kind: host_stall,   location: h7-4,        start_sec: 300, end_sec: 900, delay_us: 5000}
+  - {kind: tor_down,     location: tor9,        start_sec: 300, end_sec: 900}
+  - {kind: link_loss,    location: tor2-spine3, start_sec: 300, end_sec: 900, loss: 0.05, direction: up}
+  - {kind: link_down,    location: tor4-spine1, start_sec: 300, end_sec: 900}
+  - {kind: link_latency, location: tor6-spine2, start_sec: 300, end_sec: 900, add_us: 200, direction: both}
+";
+
+    #[test]
+    fn the_issue_example_parses() {
+        let s = Scenario::from_yaml(GOOD).unwrap();
+        assert_eq!(s.seed, 7);
+        assert_eq!(s.duration_sec, 1800);
+        assert_eq!(
+            s.fabric,
+            FabricSpec {
+                tors: 16,
+                spines: 4,
+                hosts_per_tor: 4,
+                rnics_per_host: 2,
+                rail_optimized: false,
+                link_latency_us: 2.0,
+                link_jitter_us: 0.3,
+            }
+        );
+        assert_eq!(s.faults.len(), 7);
+        assert_eq!(
+            s.faults[1].kind,
+            FaultKind::RnicFlap {
+                period_sec: 20.0,
+                down_fraction: 0.3
+            }
+        );
+        assert_eq!(
+            s.faults[4].kind,
+            FaultKind::LinkLoss {
+                loss: 0.05,
+                direction: Direction::Up
+            }
+        );
+        let truth: Vec<_> = s
+            .faults
+            .iter()
+            .map(|f| {
+                let g = ground_truth(f);
+                format!("{} {}", g.kind, g.location)
+            })
+            .collect();
+        assert_eq!(
+            truth,
+            [
+                "rnic h3-2/r1",
+                "rnic h5-1/r0",
+                "host h7-4",
+                "tor tor9",
+                "link tor2-spine3",
+                "link tor4-spine1",
+                "link tor6-spine2"
+            ]
+        );
+        // The shipped example is the same file.
+        let shipped = include_str!("../scenarios/example.yaml");
+        assert_eq!(Scenario::from_yaml(shipped).unwrap(), s);
+    }
+
+    #[test]
+    fn faults_may_be_empty_or_absent_and_direction_defaults_to_both() {
+        let base = "seed: 1\nduration_sec: 60\nfabric: {tors: 2, spines: 2, hosts_per_tor: 1, rnics_per_host: 1, link_latency_us: 1, link_jitter_us: 0}\n";
+        assert!(Scenario::from_yaml(base).unwrap().faults.is_empty());
+        let empty = format!("{base}faults: []\n");
+        assert!(Scenario::from_yaml(&empty).unwrap().faults.is_empty());
+        let null = format!("{base}faults:\n");
+        assert!(Scenario::from_yaml(&null).unwrap().faults.is_empty());
+        let f = format!(
+            "{base}faults:\n  - {{kind: link_loss, location: tor1-spine2, start_sec: 1, end_sec: 2, loss: 1}}\n"
+        );
+        let s = Scenario::from_yaml(&f).unwrap();
+        assert_eq!(
+            s.faults[0].kind,
+            FaultKind::LinkLoss {
+                loss: 1.0,
+                direction: Direction::Both
+            }
+        );
+        assert!(!s.fabric.rail_optimized);
+    }
+
+    /// The example with one line replaced (by its prefix) or, with `None`, appended.
+    fn edit(line_prefix: Option<&str>, new: &str) -> String {
+        match line_prefix {
+            None => format!("{GOOD}{new}\n"),
+            Some(p) => {
+                let mut hit = false;
+                let out: Vec<String> = GOOD
+                    .lines()
+                    .map(|l| {
+                        if !hit && l.trim_start().starts_with(p) {
+                            hit = true;
+                            new.to_string()
+                        } else {
+                            l.to_string()
+                        }
+                    })
+                    .collect();
+                assert!(hit, "no line starts with {p:?}");
+                out.join("\n") + "\n"
+            }
+        }
+    }
+
+    fn fault(body: &str) -> String {
+        edit(None, &format!("  - {{{body}}}"))
+    }
+
+    #[test]
+    fn every_bad_file_gets_one_line_naming_the_field() {
+        let cases: Vec<(String, &str)> = vec![
+            // Unparsable YAML, wrong shapes.
+            ("seed: [\n".into(), "scenario: "),
+            ("- 1\n".into(), "scenario: "),
+            ("".into(), "scenario: the file is empty"),
+            ("# only a comment\n\n".into(), "scenario: the file is empty"),
+            // Unknown keys at every level.
+            (edit(Some("seed:"), "seed: 7\nextra: 1"), "unknown field `extra`"),
+            (
+                edit(Some("tors:"), "  tors: 16\n  leaves: 3"),
+                "fabric: unknown field `leaves`",
+            ),
+            (
+                fault("kind: tor_down, location: tor1, start_sec: 1, end_sec: 2, colour: red"),
+                "faults[7] (tor_down): unknown field `colour`",
+            ),
+            // Missing top-level fields.
+            (edit(Some("seed:"), ""), "seed is missing"),
+            (edit(Some("duration_sec:"), ""), "duration_sec is missing"),
+            (
+                "seed: 1\nduration_sec: 10\n".into(),
+                "fabric is missing",
+            ),
+            (edit(Some("spines:"), ""), "fabric.spines is missing"),
+            (edit(Some("link_jitter_us:"), ""), "fabric.link_jitter_us is missing"),
+            // Bad values.
+            (edit(Some("seed:"), "seed: -3"), "seed must be a whole number >= 0, got -3"),
+            (edit(Some("duration_sec:"), "duration_sec: 0"), "duration_sec must be > 0"),
+            (
+                edit(Some("duration_sec:"), "duration_sec: ten"),
+                "duration_sec must be a whole number >= 0, got \"ten\"",
+            ),
+            (edit(Some("tors:"), "  tors: 0"), "fabric.tors must be > 0"),
+            (edit(Some("spines:"), "  spines: 0"), "fabric.spines must be > 0"),
+            (
+                edit(Some("hosts_per_tor:"), "  hosts_per_tor: 0"),
+                "fabric.hosts_per_tor must be > 0",
+            ),
+            (
+                edit(Some("hosts_per_tor:"), "  hosts_per_tor: 2.5"),
+                "fabric.hosts_per_tor must be a whole number >= 0, got 2.5",
+            ),
+            (
+                edit(Some("rnics_per_host:"), "  rnics_per_host: 0"),
+                "fabric.rnics_per_host must be in 1..=8, got 0",
+            ),
+            (
+                edit(Some("rnics_per_host:"), "  rnics_per_host: 9"),
+                "fabric.rnics_per_host must be in 1..=8, got 9",
+            ),
+            (
+                edit(Some("link_latency_us:"), "  link_latency_us: -1"),
+                "fabric.link_latency_us must be a finite number >= 0, got -1",
+            ),
+            (
+                edit(Some("link_latency_us:"), "  link_latency_us: .nan"),
+                "fabric.link_latency_us must be a finite number >= 0, got \".nan\"",
+            ),
+            (
+                edit(Some("link_jitter_us:"), "  link_jitter_us: -0.5"),
+                "fabric.link_jitter_us must be a finite number >= 0, got -0.5",
+            ),
+            (
+                edit(Some("link_jitter_us:"), "  link_jitter_us: .inf"),
+                "fabric.link_jitter_us must be a finite number >= 0, got \".inf\"",
+            ),
+            (
+                edit(Some("rail_optimized:"), "  rail_optimized: yes please"),
+                "fabric.rail_optimized must be true or false",
+            ),
+            (
+                edit(Some("tors:"), "  tors: 15").replace("rail_optimized: false", "rail_optimized: true"),
+                "fabric.rail_optimized: tors (15) must be a multiple of rnics_per_host (2)",
+            ),
+            ("seed: 1\nduration_sec: 5\nfabric: 3\n".into(), "fabric must be a mapping"),
+            (
+                format!("{}faults: 3\n", &GOOD[..GOOD.find("faults:").unwrap()]),
+                "faults must be a list of faults, got 3",
+            ),
+            // Faults: kind.
+            (fault("location: tor1, start_sec: 1, end_sec: 2"), "faults[7]: kind is missing"),
+            (
+                fault("kind: meteor, location: tor1, start_sec: 1, end_sec: 2"),
+                "faults[7]: unknown kind `meteor` (known: rnic_down, rnic_flap",
+            ),
+            (fault("kind: 3, location: tor1, start_sec: 1, end_sec: 2"), "faults[7]: kind must be a string"),
+            (edit(None, "  - 5"), "faults[7] must be a mapping"),
+            // Faults: locations of the wrong form, or not in the fabric.
+            (
+                fault("kind: rnic_down, location: h3-2, start_sec: 1, end_sec: 2"),
+                "faults[7] (rnic_down): location `h3-2` is a host, not an RNIC: expected h<t>-<i>/r<j>",
+            ),
+            (
+                fault("kind: rnic_flap, location: tor1, start_sec: 1, end_sec: 2, period_sec: 5, down_fraction: 0.5"),
+                "faults[7] (rnic_flap): location `tor1` is a ToR, not an RNIC",
+            ),
+            (
+                fault("kind: host_stall, location: h1-1/r0, start_sec: 1, end_sec: 2, delay_us: 5"),
+                "faults[7] (host_stall): location `h1-1/r0` is an RNIC, not a host",
+            ),
+            (
+                fault("kind: tor_down, location: tor1-spine1, start_sec: 1, end_sec: 2"),
+                "faults[7] (tor_down): location `tor1-spine1` is a ToR-spine link, not a ToR",
+            ),
+            (
+                fault("kind: link_down, location: tor1, start_sec: 1, end_sec: 2"),
+                "faults[7] (link_down): location `tor1` is a ToR, not a ToR-spine link",
+            ),
+            (
+                fault("kind: link_down, location: spine1-tor1, start_sec: 1, end_sec: 2"),
+                "faults[7] (link_down): location `spine1-tor1` is not a ToR-spine link: expected tor<t>-spine<s>",
+            ),
+            (
+                fault("kind: rnic_down, location: h3-9/r0, start_sec: 1, end_sec: 2"),
+                "faults[7] (rnic_down): location `h3-9/r0` is not in the fabric: hosts are h1-1..h16-4",
+            ),
+            (
+                fault("kind: rnic_down, location: h3-1/r2, start_sec: 1, end_sec: 2"),
+                "faults[7] (rnic_down): location `h3-1/r2` is not in the fabric: devices are r0..r1",
+            ),
+            (
+                fault("kind: host_stall, location: h17-1, start_sec: 1, end_sec: 2, delay_us: 5"),
+                "faults[7] (host_stall): location `h17-1` is not in the fabric: hosts are h1-1..h16-4",
+            ),
+            (
+                fault("kind: tor_down, location: tor17, start_sec: 1, end_sec: 2"),
+                "faults[7] (tor_down): location `tor17` is not in the fabric: ToRs are tor1..tor16",
+            ),
+            (
+                fault("kind: tor_down, location: tor0, start_sec: 1, end_sec: 2"),
+                "location `tor0` is not in the fabric",
+            ),
+            (
+                fault("kind: link_loss, location: tor1-spine5, start_sec: 1, end_sec: 2, loss: 0.1"),
+                "faults[7] (link_loss): location `tor1-spine5` is not in the fabric: spines are spine1..spine4",
+            ),
+            (
+                fault("kind: link_loss, location: tor01-spine1, start_sec: 1, end_sec: 2, loss: 0.1"),
+                "location `tor01-spine1` is not a ToR-spine link",
+            ),
+            (
+                fault("kind: tor_down, location: 7, start_sec: 1, end_sec: 2"),
+                "faults[7] (tor_down): location must be a string, got 7",
+            ),
+            (fault("kind: tor_down, start_sec: 1, end_sec: 2"), "faults[7] (tor_down): location is missing"),
+            // Faults: schedule.
+            (fault("kind: tor_down, location: tor1, end_sec: 2"), "faults[7] (tor_down): start_sec is missing"),
+            (fault("kind: tor_down, location: tor1, start_sec: 2"), "faults[7] (tor_down): end_sec is missing"),
+            (
+                fault("kind: tor_down, location: tor1, start_sec: 20, end_sec: 20"),
+                "faults[7] (tor_down): end_sec (20) must be after start_sec (20)",
+            ),
+            (
+                fault("kind: tor_down, location: tor1, start_sec: 20, end_sec: 10"),
+                "faults[7] (tor_down): end_sec (10) must be after start_sec (20)",
+            ),
+            (
+                fault("kind: tor_down, location: tor1, start_sec: -5, end_sec: 10"),
+                "faults[7] (tor_down): start_sec must be a number >= 0, got -5",
+            ),
+            (
+                fault("kind: tor_down, location: tor1, start_sec: soon, end_sec: 10"),
+                "faults[7] (tor_down): start_sec must be a number, got \"soon\"",
+            ),
+            (
+                fault("kind: tor_down, location: tor1, start_sec: 100, end_sec: 1801"),
+                "faults[7] (tor_down): end_sec (1801) is beyond duration_sec (1800)",
+            ),
+            (
+                fault("kind: tor_down, location: tor1, start_sec: 1800, end_sec: 1900"),
+                "faults[7] (tor_down): start_sec (1800) is beyond duration_sec (1800)",
+            ),
+            // Faults: per-kind fields missing, invalid, or of another kind.
+            (
+                fault("kind: rnic_flap, location: h1-1/r0, start_sec: 1, end_sec: 2, down_fraction: 0.5"),
+                "faults[7] (rnic_flap): period_sec is missing",
+            ),
+            (
+                fault("kind: rnic_flap, location: h1-1/r0, start_sec: 1, end_sec: 2, period_sec: 0, down_fraction: 0.5"),
+                "faults[7] (rnic_flap): period_sec must be > 0, got 0",
+            ),
+            (
+                fault("kind: rnic_flap, location: h1-1/r0, start_sec: 1, end_sec: 2, period_sec: 5"),
+                "faults[7] (rnic_flap): down_fraction is missing",
+            ),
+            (
+                fault("kind: rnic_flap, location: h1-1/r0, start_sec: 1, end_sec: 2, period_sec: 5, down_fraction: 1"),
+                "faults[7] (rnic_flap): down_fraction must be in (0, 1), got 1",
+            ),
+            (
+                fault("kind: rnic_flap, location: h1-1/r0, start_sec: 1, end_sec: 2, period_sec: 5, down_fraction: 0"),
+                "faults[7] (rnic_flap): down_fraction must be in (0, 1), got 0",
+            ),
+            (
+                fault("kind: host_stall, location: h1-1, start_sec: 1, end_sec: 2"),
+                "faults[7] (host_stall): delay_us is missing",
+            ),
+            (
+                fault("kind: host_stall, location: h1-1, start_sec: 1, end_sec: 2, delay_us: 0"),
+                "faults[7] (host_stall): delay_us must be > 0, got 0",
+            ),
+            (
+                fault("kind: host_stall, location: h1-1, start_sec: 1, end_sec: 2, delay_us: lots"),
+                "faults[7] (host_stall): delay_us must be a number, got \"lots\"",
+            ),
+            (
+                fault("kind: link_loss, location: tor1-spine1, start_sec: 1, end_sec: 2"),
+                "faults[7] (link_loss): loss is missing",
+            ),
+            (
+                fault("kind: link_loss, location: tor1-spine1, start_sec: 1, end_sec: 2, loss: 1.5"),
+                "faults[7] (link_loss): loss must be in (0, 1], got 1.5",
+            ),
+            (
+                fault("kind: link_loss, location: tor1-spine1, start_sec: 1, end_sec: 2, loss: 0"),
+                "faults[7] (link_loss): loss must be in (0, 1], got 0",
+            ),
+            (
+                fault("kind: link_loss, location: tor1-spine1, start_sec: 1, end_sec: 2, loss: 0.1, direction: sideways"),
+                "faults[7] (link_loss): direction must be up, down or both, got \"sideways\"",
+            ),
+            (
+                fault("kind: link_latency, location: tor1-spine1, start_sec: 1, end_sec: 2"),
+                "faults[7] (link_latency): add_us is missing",
+            ),
+            (
+                fault("kind: link_latency, location: tor1-spine1, start_sec: 1, end_sec: 2, add_us: -4"),
+                "faults[7] (link_latency): add_us must be > 0, got -4",
+            ),
+            (
+                fault("kind: rnic_down, location: h1-1/r0, start_sec: 1, end_sec: 2, loss: 0.5"),
+                "faults[7] (rnic_down): field `loss` does not belong to rnic_down (its fields: location, start_sec, end_sec)",
+            ),
+            (
+                fault("kind: link_down, location: tor1-spine1, start_sec: 1, end_sec: 2, direction: up"),
+                "faults[7] (link_down): field `direction` does not belong to link_down",
+            ),
+            (
+                fault("kind: host_stall, location: h1-1, start_sec: 1, end_sec: 2, delay_us: 5, add_us: 3"),
+                "faults[7] (host_stall): field `add_us` does not belong to host_stall (its fields: location, start_sec, end_sec, delay_us)",
+            ),
+            (
+                fault("kind: link_latency, location: tor1-spine1, start_sec: 1, end_sec: 2, add_us: 5, period_sec: 3"),
+                "faults[7] (link_latency): field `period_sec` does not belong to link_latency",
+            ),
+        ];
+        for (text, want) in &cases {
+            let e = Scenario::from_yaml(text)
+                .expect_err(&format!("must fail ({want}):\n{text}"))
+                .to_string();
+            assert!(e.contains(want), "want {want:?}\n got {e:?}");
+            assert!(!e.contains('\n'), "one line: {e:?}");
+        }
+    }
+
+    #[test]
+    fn code_built_scenarios_get_the_same_checks() {
+        let mut s = Scenario::from_yaml(GOOD).unwrap();
+        s.faults[4].kind = FaultKind::LinkLoss {
+            loss: f64::NAN,
+            direction: Direction::Up,
+        };
+        assert_eq!(
+            s.validate().unwrap_err().to_string(),
+            "faults[4] (link_loss): loss must be in (0, 1], got NaN"
+        );
+        s.faults[4].kind = FaultKind::LinkLoss {
+            loss: 0.5,
+            direction: Direction::Up,
+        };
+        s.fabric.link_jitter_us = f64::NAN;
+        assert_eq!(
+            s.validate().unwrap_err().to_string(),
+            "fabric.link_jitter_us must be a finite number >= 0, got NaN"
+        );
+        s.fabric.link_jitter_us = 0.1;
+        s.faults[0].location = "h3-2".into();
+        assert!(s
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .starts_with("faults[0] (rnic_down): location `h3-2` is a host, not an RNIC"));
+        s.faults[0].location = "h3-2/r1".into();
+        s.fabric.tors = 0;
+        assert_eq!(
+            s.validate().unwrap_err().to_string(),
+            "fabric.tors must be > 0"
+        );
+        s.fabric.tors = 16;
+        assert!(s.validate().is_ok());
+    }
+
+    #[test]
+    fn rail_locations_use_group_numbers() {
+        let text = "seed: 1\nduration_sec: 60\nfabric: {tors: 4, spines: 1, hosts_per_tor: 2, rnics_per_host: 2, rail_optimized: true, link_latency_us: 1, link_jitter_us: 0}\nfaults:\n  - {kind: rnic_down, location: h3-1/r0, start_sec: 1, end_sec: 2}\n";
+        // 4 ToRs in rails of 2: host groups 1..2 only.
+        let e = Scenario::from_yaml(text).unwrap_err().to_string();
+        assert!(e.contains("hosts are h1-1..h2-2"), "{e}");
+        assert!(Scenario::from_yaml(&text.replace("h3-1", "h2-2")).is_ok());
+    }
+}
