@@ -57,7 +57,11 @@ pub fn to_proto(
         flow_labels: w
             .labels
             .iter()
-            .filter(|_| w.label_detail_needed())
+            .take(if w.label_detail_needed() {
+                usize::MAX
+            } else {
+                0
+            })
             .map(|l| FlowLabelStats {
                 flow_label: l.flow_label,
                 probe_total: l.probe_total,

@@ -861,9 +861,17 @@ impl State {
         }
         if let Some(agg) = &mut self.aggregator {
             // Inter-ToR windows are also counted per flow label: the controller votes
-            // on ToR-spine links with them.
+            // on ToR-spine links with them. An outcome counts in the window its probe was
+            // sent in (T1, on the monotonic clock, moved to unix time): a timeout must
+            // not spill a fault's loss into the next window, where it would be blamed on
+            // whatever that window holds.
             let label = (t.key.kind == PinglistKind::InterTor).then_some(o.flow_label);
-            agg.record_labelled(&t.key, &o.result, label, realtime_ns());
+            let now = realtime_ns();
+            let age = o
+                .timestamps
+                .t1
+                .map_or(0, |t1| monotonic_ns().saturating_sub(t1));
+            agg.record_labelled(&t.key, &o.result, label, now.saturating_sub(age));
         }
         if let Some(tap) = &self.outcomes {
             let _ = tap.send(TargetOutcome {
@@ -907,7 +915,9 @@ impl State {
         let upto = if all {
             now.saturating_add(self.p.analysis_window_ns.unwrap_or(0))
         } else {
-            now
+            // Outcomes count at their send time: a window is complete a probe timeout
+            // after its end.
+            now.saturating_sub(self.p.probe_timeout_ns)
         };
         for (key, w) in agg.take_closed(upto) {
             bump(&self.stats.summaries_offered);

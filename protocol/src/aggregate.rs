@@ -9,7 +9,9 @@
 //! controller can tell which ECMP paths of a pair lose or slow probes: a bad ToR-spine link
 //! shows only on the labels hashed across it.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use foldhash::HashMap;
 use std::hash::Hash;
 
 use crate::prober::ProbeResult;

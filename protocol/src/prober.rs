@@ -1,6 +1,8 @@
 //! Prober side: sequence numbers, outstanding probes, ACK matching (any order), timeouts.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use foldhash::{HashMap, HashMapExt};
 
 use crate::rtt::{self, InvalidReason, RttSample, Timestamps};
 use crate::wire::{AckType, MsgType, ProbePacket};

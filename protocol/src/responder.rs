@@ -1,7 +1,9 @@
 //! Responder side: a probe received at T3 is answered at once with the first ACK (T1, T3);
 //! when the first ACK's send completion (T4) is known, the second ACK (T1, T3, T4) goes out.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use foldhash::{HashMap, HashMapExt};
 
 use crate::wire::ProbePacket;
 

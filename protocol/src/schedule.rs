@@ -2,7 +2,9 @@
 //! pinglist kind (aggregate rate = per-target rate x targets of that kind) caps the sends.
 //! The kinds are independent: an exhausted ToR-mesh bucket never delays inter-ToR probes.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::VecDeque;
+
+use foldhash::{HashSet, HashSetExt};
 
 use crate::{PinglistKind, TargetId};
 
