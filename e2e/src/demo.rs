@@ -63,6 +63,9 @@ impl DemoLayout {
             "prometheus",
             "--prometheus-listen-addr",
             metrics,
+            // 5 s windows: localize each 2 s after it ends, not the default 10.
+            "--analyzer-localize-settle-sec",
+            "2",
             "--log-level",
             "info",
         ]
@@ -82,6 +85,9 @@ impl DemoLayout {
         let port = DEMO_PROBE_PORT.to_string();
         [
             "--agent-id",
+            &id,
+            // One pseudo-host per agent: the localizer names RNICs `<host>/<device>`.
+            "--hostname",
             &id,
             "--tor-id",
             &tor,

@@ -29,7 +29,7 @@ pub const SUITE_FABRICS: [(u32, u32, u32, u32); 4] = [
 ];
 
 /// Length of a suite scenario.
-pub const SUITE_DURATION_SEC: u64 = 900;
+pub const SUITE_DURATION_SEC: u64 = 600;
 /// Every this-many-th suite scenario is fault-free.
 pub const FAULT_FREE_EVERY: usize = 8;
 
@@ -120,7 +120,7 @@ pub fn suite_scenario(seed: u64, i: usize) -> Scenario {
     let mut faults = Vec::new();
     if i % FAULT_FREE_EVERY != FAULT_FREE_EVERY - 1 {
         let n = if i.is_multiple_of(2) { 1 } else { 2 };
-        let start = uniform(&mut rng, 120.0, 360.0).round();
+        let start = uniform(&mut rng, 90.0, 240.0).round();
         let first_tor = 1 + below(&mut rng, f.tors);
         for j in 0..n {
             // Distinct ToRs, so the two faults' ground truths never nest.
@@ -130,7 +130,7 @@ pub fn suite_scenario(seed: u64, i: usize) -> Scenario {
             } else {
                 (start + uniform(&mut rng, -60.0, 60.0)).round()
             };
-            let len = uniform(&mut rng, 180.0, 420.0).round();
+            let len = uniform(&mut rng, 150.0, 300.0).round();
             faults.push(random_fault(&mut rng, 2 * i + j, tor, &f, s, len));
         }
     }

@@ -62,6 +62,7 @@
 pub mod eval;
 pub mod fabric;
 pub mod faults;
+pub mod live;
 pub mod output;
 pub mod rng;
 pub mod scenario;

@@ -1,6 +1,8 @@
-//! `rpingmesh-sim --scenario FILE [--findings-out FILE] [--quiet]`: runs a scenario on
-//! the simulated fabric, writes the analyzer's findings as JSON lines and prints a short
-//! summary. A bad scenario exits 2 with one line saying what is wrong.
+//! `rpingmesh-sim --scenario FILE [--findings-out FILE] [--quiet] [--live MS]`: runs a
+//! scenario on the simulated fabric, writes the analyzer's findings as JSON lines and
+//! prints a short summary. A bad scenario exits 2 with one line saying what is wrong.
+//! `--live MS` is the demo: one analysis window every MS milliseconds of real time, each
+//! printed as the worst ToR pairs next to the findings opening and resolving.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -23,6 +25,39 @@ struct Args {
     /// Print nothing but errors.
     #[arg(long)]
     quiet: bool,
+    /// Live view: pace the run at one analysis window per this many milliseconds.
+    #[arg(long, value_name = "MS")]
+    live: Option<u64>,
+}
+
+/// Steps the run a window at a time, printing each, at most one per `ms` of real time.
+fn live(scenario: &Scenario, ms: u64) -> rpingmesh_sim::SimOutcome {
+    let mut sim = rpingmesh_sim::Sim::new(scenario, &SimOptions::default())
+        .unwrap_or_else(|e| panic!("validated scenario: {e}"));
+    for f in &scenario.faults {
+        println!(
+            "scheduled: {} at {} from {:.0} s to {:.0} s",
+            f.kind.name(),
+            f.location,
+            f.start_sec,
+            f.end_sec
+        );
+    }
+    let pace = std::time::Duration::from_millis(ms);
+    loop {
+        let started = std::time::Instant::now();
+        let Some(report) = sim.step_window() else {
+            break;
+        };
+        let open = sim.analyzer().localizer().list(1, "");
+        let open: Vec<_> = open.into_iter().filter(|f| f.open).collect();
+        print!(
+            "{}",
+            rpingmesh_sim::live::render(&report, &open, sim.base_unix_ns())
+        );
+        std::thread::sleep(pace.saturating_sub(started.elapsed()));
+    }
+    sim.finish()
 }
 
 fn main() -> ExitCode {
@@ -44,7 +79,10 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let out = rpingmesh_sim::run(&scenario, &SimOptions::default());
+    let out = match args.live {
+        Some(ms) => live(&scenario, ms),
+        None => rpingmesh_sim::run(&scenario, &SimOptions::default()),
+    };
     if let Some(path) = &args.findings_out {
         if let Err(e) = std::fs::write(path, out.findings_jsonl()) {
             eprintln!("rpingmesh-sim: cannot write {}: {e}", path.display());

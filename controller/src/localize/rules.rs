@@ -31,6 +31,9 @@ const TOR_DOWN_SHARE: f64 = 0.75;
 const MIN_LINK_FAILURES: f64 = 5.0;
 /// Share of the answered probes across a link that must be slow to blame it for latency.
 const SLOW_LINK_SHARE: f64 = 0.5;
+/// Links of one ToR blamed at once (and at least half of its uplinks) that are read as a
+/// problem below the ToR's uplinks rather than that many broken links.
+const MANY_LINKS: usize = 3;
 /// Slow (pair, label) tuples a link needs before it is blamed for latency.
 const MIN_SLOW_TUPLES: f64 = 3.0;
 
@@ -526,7 +529,19 @@ impl<'a> Window<'a> {
                 }
             }
         }
+        // Many uplinks of one ToR at once point below the links: an RNIC, host or the
+        // ToR itself, seen in a window that only grazed the fault (a second of it), too
+        // little for their own rules. One broken link is one link.
+        let mut per_tor: BTreeMap<u32, usize> = BTreeMap::new();
+        for &(tor, _) in found.keys() {
+            *per_tor.entry(tor).or_default() += 1;
+        }
         for ((tor, spine), lb) in found {
+            let uplinks = topo.uplinks(tor).len();
+            let n = per_tor[&tor];
+            if n >= MANY_LINKS && 2 * n >= uplinks {
+                continue;
+            }
             let location = topo.link_name(tor, spine);
             let blame = lb.into_blame(location, &self.recs, self.params);
             self.blames.push(blame);

@@ -593,3 +593,28 @@ fn the_analyzer_localizes_a_window_once_it_settled() {
         4 * w + 5_000_000_000
     );
 }
+
+#[test]
+fn every_uplink_of_a_tor_at_once_is_not_that_many_links() {
+    // A dead RNIC seen for a second of a window: 3% loss on its paths, too little for the
+    // RNIC rule, spread over all its ToR's uplinks; no link is blamed.
+    let mut f = Fab::new(8, 2, 1);
+    f.inter = 6;
+    f.rnic_loss.insert(gid(3, 0), 0.26);
+    let mut w = f.window();
+    for s in &mut w {
+        if s.source_gid == gid(3, 0) || s.target_gid == gid(3, 0) {
+            // Keep the loss on the inter-ToR paths only, at a few percent.
+            if s.source_tor_id == s.target_tor_id {
+                s.probe_failed = 0;
+                s.probe_success = s.probe_total;
+            }
+        }
+    }
+    let b = explain(&LocalizerParams::default(), Some(&f.topo), &w, &f.inv);
+    assert!(
+        b.iter().all(|b| b.kind != ComponentKind::Link),
+        "{:?}",
+        named(&b)
+    );
+}
