@@ -51,6 +51,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
         "rpingmesh-e2e",
         "-p",
         "rdma-qp-churn",
+        "-p",
+        "rpingmesh-sim",
         "--features",
         crate::TEST_FEATURES,
     ]);
@@ -70,6 +72,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         "agent-bench",
         "tracer-bench",
         "verbs-bench",
+        "sim-eval",
     ] {
         // The benches repeat internally and print medians: one invocation each.
         let args: &[&str] = match (bin, a.quick) {
@@ -77,6 +80,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             ("agent-bench", true) => &["--runs", "1", "--seconds-per-run", "2"],
             ("tracer-bench", true) => &["--runs", "1", "--seconds-per-run", "1"],
             ("verbs-bench", true) => &["--runs", "1"],
+            ("sim-eval", true) => &["--quick"],
             _ => &[],
         };
         let res = json_bench(bin, args, 1);
@@ -661,7 +665,7 @@ fn render_markdown(
 
     for (bin, res) in sections {
         let what = match *bin {
-            "controller-bench" => "Controller: GetPinglist latency with 10,000 / 100,000 RNICs (target p99 < 2 ms at 100,000); the web page's JSON endpoints at 100,000 RNICs and 200,000 paths (HTTP/1.1, a connection per request) next to GetPinglist on the same server; registration throughput, PathSummary ingest (target 200,000/s on one core)",
+            "controller-bench" => "Controller: GetPinglist latency with 10,000 / 100,000 RNICs (target p99 < 2 ms at 100,000); the web page's JSON endpoints at 100,000 RNICs and 200,000 paths (HTTP/1.1, a connection per request) next to GetPinglist on the same server; registration throughput, PathSummary ingest (target 200,000/s on one core); analyzer_localize: one 30 s window of a 100,000-RNIC fabric (1.2 million summaries, a dead RNIC and a dead link among them) ingested and localized on one core, as a share of the window (the target: keeping up, < 1)",
             "agent-bench" => "Agent over udp: probe round trips per second on one core vs a minimal timestamped UDP ping-pong in the same run (target ratio >= 0.7); a Prometheus /metrics scrape (collection + OpenMetrics encoding) of an agent with 64 targets in 64 ToRs, against one without targets",
             "tracer-bench" => "Service tracer: QP events per second from ring-buffer records to the flow table on one core (target > 1,000,000/s) vs copying the same bytes; per-call cost of the libibverbs uprobe vs the untraced call, same run. \
                 The untraced function is an empty stand-in (about 2 ns), so the ratio is large; what matters is the absolute cost per traced call \
@@ -679,6 +683,13 @@ fn render_markdown(
                 under TCG the kernel's rxe work runs in softirq and is billed partly to whoever is on the CPU. \
                 dead_peer_cost: the same rdma pair, the live target's probes/s alone vs with a registered dead GID (ibv_create_ah times out after about a second) on the prober's pinglist at the same rate"
             ,
+"sim-eval" => "Fault localization accuracy on the simulated fabric (`sim/`: the real probing core, aggregation and analyzer in virtual time; see `sim/src/eval.rs`). \
+                A suite of randomized, seeded scenarios (600 s each, 30 s windows) on four 512-RNIC fabric shapes (64 ToRs x 4 spines x 4 hosts x 2 RNICs; 32 x 8 x 4 x 4; 64 x 8 x 2 x 4; 256 x 4 x 1 x 2, ToRs of two RNICs), \
+                every 8th fault-free, the others with one or two simultaneous faults on different ToRs, kinds cycling through all seven, parameters drawn from: flap period 10-40 s and down 20-50% of it, host stall 2-20 ms, link loss 2-20% in a random direction, link latency +100-500 us. \
+                A finding is true when its kind and location match a fault whose time overlaps it; a false finding counts against the fault kind its symptom names. \
+                Detection time is from the fault's start to the finding's opening, in windows (a finding opens when the first blaming window has settled, 5 s after it ends). \
+                localization_fault_free: one-hour fault-free runs of the four fabrics (plus the suite's fault-free scenarios), every finding counted. \
+                The suite's own cost is in localization_suite",
             "verbs-bench" => "rdma backend without hardware: the address-handle lookup every send pays (AhTable: LRU hit plus the age and loss checks) vs a plain HashMap lookup, and completion -> event (translate + SPSC ring push/pop) vs a plain VecDeque push/pop, same run. \
                 The Go/Zig version calls ibv_create_ah for every probe it sends (a verbs call into the provider, on most NICs a kernel or firmware command); \
                 ours creates one AH per (GID, flow label, SL, TC) path off the send path and reuses it, so the per-send cost is the lookup below. \
@@ -757,6 +768,54 @@ pub fn target_checks(lines: &[Line]) -> Vec<Check> {
                         format!("> {t:.0}/s"),
                         r / t,
                         r > t,
+                    ));
+                }
+            }
+            "localization" => {
+                let kind = text(l, "fault_kind");
+                for (k, what) in [("precision", "precision"), ("recall", "recall")] {
+                    if let Some(v) = num(l, k) {
+                        out.push((
+                            format!("localization {what}, {kind}"),
+                            format!("{v:.3}"),
+                            ">= 0.98".into(),
+                            v / 0.98,
+                            v >= 0.98,
+                        ));
+                    }
+                }
+                if let Some(d) = num(l, "detection_windows_p95") {
+                    out.push((
+                        format!("localization detection p95, {kind}"),
+                        format!("{d:.2} windows"),
+                        "<= 2 windows".into(),
+                        d / 2.0,
+                        d <= 2.0,
+                    ));
+                }
+            }
+            "localization_fault_free" => {
+                if let (Some(h), Some(n)) = (num(l, "hours"), num(l, "findings")) {
+                    out.push((
+                        format!("findings over {h:.0} fault-free hours, 512 RNICs"),
+                        format!("{n:.0}"),
+                        "0".into(),
+                        n,
+                        n == 0.0,
+                    ));
+                }
+            }
+            "analyzer_localize" => {
+                if let Some(r) = num(l, "ratio_to_window") {
+                    out.push((
+                        format!(
+                            "analyzer ingest + localization of one 30 s window, {:.0} RNICs, one core",
+                            num(l, "rnics").unwrap_or(0.0)
+                        ),
+                        format!("{r:.3} of the window"),
+                        "< 1".into(),
+                        r,
+                        r < 1.0,
                     ));
                 }
             }
