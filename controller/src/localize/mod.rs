@@ -250,7 +250,11 @@ impl Localizer {
                 Some(f) => {
                     f.last_seen_unix_ns = now_unix_ns;
                     f.confidence = f.confidence.max(b.confidence);
-                    f.symptom = b.symptom.as_str().to_string();
+                    // A window that only grazed the fault (its start or end) says less:
+                    // "down" is not taken back by it.
+                    if f.symptom != Symptom::Down.as_str() {
+                        f.symptom = b.symptom.as_str().to_string();
+                    }
                     let windows = f.evidence.as_ref().map_or(0, |e| e.windows) + 1;
                     let mut ev = b.evidence;
                     ev.windows = windows;

@@ -618,3 +618,20 @@ fn every_uplink_of_a_tor_at_once_is_not_that_many_links() {
         named(&b)
     );
 }
+
+#[test]
+fn down_is_not_taken_back_by_a_partial_window() {
+    let mut l = Localizer::new(LocalizerParams::default(), None);
+    let mut partial = blame("a");
+    partial.symptom = Symptom::Flapping;
+    let ev = l.apply(0, 1, vec![partial.clone()], 1);
+    assert_eq!(ev[0].finding.as_ref().unwrap().symptom, "flapping");
+    let ev = l.apply(1, 1, vec![blame("a")], 2);
+    assert_eq!(
+        ev[0].finding.as_ref().unwrap().symptom,
+        "down",
+        "worse is shown"
+    );
+    let ev = l.apply(2, 1, vec![partial], 3);
+    assert_eq!(ev[0].finding.as_ref().unwrap().symptom, "down", "kept");
+}
