@@ -213,15 +213,20 @@ impl<'a> Window<'a> {
         let n = self.hosts.names.len();
         let mut prober: Vec<Vec<u64>> = vec![Vec::new(); n];
         let mut responder: Vec<Vec<u64>> = vec![Vec::new(); n];
+        let mut tails: Vec<Vec<u64>> = vec![Vec::new(); n];
         for r in &self.recs {
             if r.s.probe_success == 0 {
                 continue;
             }
-            prober[self.host_of(r.src) as usize].push(r.s.prober_delay_p50_ns);
-            responder[self.host_of(r.dst) as usize].push(r.s.responder_delay_p50_ns);
+            let (hs, hd) = (self.host_of(r.src) as usize, self.host_of(r.dst) as usize);
+            prober[hs].push(r.s.prober_delay_p50_ns);
+            responder[hd].push(r.s.responder_delay_p50_ns);
+            tails[hs].push(r.s.prober_delay_p99_ns);
+            tails[hd].push(r.s.responder_delay_p99_ns);
         }
         let threshold = self.params.host_delay_ns;
         let mut stalled = Vec::new();
+        let mut grazed = Vec::new();
         for h in 0..n {
             let inflated = prober[h].iter().filter(|&&d| d > threshold).count()
                 + responder[h].iter().filter(|&&d| d > threshold).count();
@@ -230,6 +235,21 @@ impl<'a> Window<'a> {
             let q = median(&mut responder[h]);
             if p.max(q) > threshold {
                 stalled.push((h as u32, p, q, ratio(inflated as f64, measured as f64)));
+            } else if median(&mut tails[h]) > threshold {
+                // Stalled for part of the window only (a stall starting or ending in it):
+                // too little to name the host, but its paths' timeouts are still its own,
+                // not the network's.
+                grazed.push(h as u32);
+            }
+        }
+        for h in grazed {
+            for r in self.recs.iter_mut() {
+                if [r.src, r.dst]
+                    .map(|x| self.rnics[x as usize].host)
+                    .contains(&h)
+                {
+                    r.explained = true;
+                }
             }
         }
         for (h, p, q, share) in stalled {

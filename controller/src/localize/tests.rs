@@ -32,6 +32,8 @@ struct Fab {
     links: HashMap<(u32, u32, LinkDir), Fault>,
     rnic_loss: HashMap<String, f64>,
     host_delay: HashMap<String, u64>,
+    /// p99 endpoint delay (a stall in part of the window).
+    host_tail: HashMap<String, u64>,
     host_loss: HashMap<String, f64>,
     dead_tors: Vec<u32>,
     /// Inter-ToR targets per RNIC.
@@ -67,6 +69,7 @@ impl Fab {
             links: HashMap::new(),
             rnic_loss: HashMap::new(),
             host_delay: HashMap::new(),
+            host_tail: HashMap::new(),
             host_loss: HashMap::new(),
             dead_tors: Vec::new(),
             inter: 3,
@@ -165,9 +168,12 @@ impl Fab {
             .unwrap_or(0);
         s.network_rtt_p99_ns = rtts.last().copied().unwrap_or(0);
         let delay = |g: &str| self.host_delay.get(self.host(g)).copied().unwrap_or(3_000);
+        let tail = |g: &str| self.host_tail.get(self.host(g)).copied().unwrap_or(9_000);
         if s.probe_success > 0 {
             s.prober_delay_p50_ns = delay(sg);
             s.responder_delay_p50_ns = delay(dg);
+            s.prober_delay_p99_ns = tail(sg).max(delay(sg));
+            s.responder_delay_p99_ns = tail(dg).max(delay(dg));
         }
         // As the agent sends them: per-label detail only when it says something.
         let spread = s
@@ -634,4 +640,19 @@ fn down_is_not_taken_back_by_a_partial_window() {
     );
     let ev = l.apply(2, 1, vec![partial], 3);
     assert_eq!(ev[0].finding.as_ref().unwrap().symptom, "down", "kept");
+}
+
+#[test]
+fn a_host_stalled_for_part_of_the_window_is_not_blamed_nor_its_timeouts_on_the_network() {
+    let mut f = Fab::new(8, 4, 2);
+    f.inter = 6;
+    f.host_tail.insert("h3-1".into(), 6_000_000);
+    f.host_loss.insert("h3-1".into(), 0.15);
+    assert!(f.explain(true).is_empty(), "{:?}", named(&f.explain(true)));
+    // Stalled the whole window: named.
+    f.host_delay.insert("h3-1".into(), 6_000_000);
+    assert_eq!(
+        named(&f.explain(true)),
+        vec![(ComponentKind::Host, "h3-1".into(), Symptom::Stall)]
+    );
 }
