@@ -38,7 +38,7 @@ fn step(server: &ServerHandle, window: u64, blames: Vec<Blame>) {
     let now = server.state.now_ns();
     server
         .state
-        .step_findings(|a, _| a.localizer_mut().apply(window * SEC, SEC, blames, now));
+        .step_findings(|a, _| a.localizer_mut().apply(window * SEC, blames, now));
 }
 
 /// A controller on a file, with an open RNIC finding (id 2) and a resolved link one (id 1).

@@ -198,10 +198,7 @@ impl Analyzer {
                         .map(|w| &w.summary)
                         .filter(|s| s.window_start_unix_ns == start)
                 });
-            events.extend(
-                self.localizer
-                    .localize(start, window_ns, window, inv, now_unix_ns),
-            );
+            events.extend(self.localizer.localize(start, window, inv, now_unix_ns));
         }
         events
     }

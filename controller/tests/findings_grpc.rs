@@ -42,7 +42,7 @@ fn step(h: &common::Harness, window: u64, blames: Vec<Blame>) -> usize {
     let now = h.clock.load(std::sync::atomic::Ordering::Relaxed) + window * SEC;
     h.server
         .state
-        .step_findings(|a, _| a.localizer_mut().apply(window * SEC, SEC, blames, now))
+        .step_findings(|a, _| a.localizer_mut().apply(window * SEC, blames, now))
         .len()
 }
 

@@ -33,7 +33,8 @@ pub const SUITE_DURATION_SEC: u64 = 600;
 /// Every this-many-th suite scenario is fault-free.
 pub const FAULT_FREE_EVERY: usize = 8;
 
-fn fabric(i: usize) -> FabricSpec {
+/// Fabric shape `i` of the suite (cycling through [`SUITE_FABRICS`]).
+pub fn suite_fabric(i: usize) -> FabricSpec {
     let (tors, spines, hosts_per_tor, rnics_per_host) = SUITE_FABRICS[i % SUITE_FABRICS.len()];
     FabricSpec {
         tors,
@@ -116,7 +117,7 @@ fn random_fault(
 /// different ToRs, their kinds cycling through all seven so each gets its share.
 pub fn suite_scenario(seed: u64, i: usize) -> Scenario {
     let mut rng = Rng::new(seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    let f = fabric(i);
+    let f = suite_fabric(i);
     let mut faults = Vec::new();
     if i % FAULT_FREE_EVERY != FAULT_FREE_EVERY - 1 {
         let n = if i.is_multiple_of(2) { 1 } else { 2 };
@@ -312,7 +313,7 @@ mod tests {
         Scenario {
             seed: 1,
             duration_sec: 900,
-            fabric: fabric(0),
+            fabric: suite_fabric(0),
             faults,
         }
     }

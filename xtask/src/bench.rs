@@ -25,6 +25,10 @@ pub struct BenchArgs {
     /// Length of the restart-and-fault soak, in seconds (quick mode: one cycle).
     #[arg(long, default_value_t = 600)]
     soak_sec: u64,
+    /// Re-measure one JSON bench binary (e.g. sim-eval) and replace its section and its
+    /// rows of the summary in the existing BENCHMARKS.md, leaving the rest as measured.
+    #[arg(long)]
+    section: Option<String>,
 }
 
 const TARGETS: usize = 64;
@@ -33,9 +37,8 @@ const CPU_TARGET_PCT: f64 = 1.0;
 const RSS_TARGET_MIB: f64 = 20.0;
 const SAMPLE: Duration = Duration::from_secs(20);
 
-pub fn run(a: BenchArgs) -> Result<()> {
-    let runs = if a.quick { 1 } else { 3 };
-    let mut failures = Vec::new();
+/// The release build every bench binary comes from.
+fn release_build() -> Result<()> {
     let mut build = crate::cargo();
     // The rdma features too: the VM bench runs these binaries against soft-RoCE.
     build.args([
@@ -57,6 +60,90 @@ pub fn run(a: BenchArgs) -> Result<()> {
         crate::TEST_FEATURES,
     ]);
     crate::run_streamed(build, "cargo build --release (controller, agent, benches)")?;
+    Ok(())
+}
+
+/// `--section BIN`: runs one JSON bench and splices its section and summary rows into
+/// BENCHMARKS.md (the rows of the summary it produces replace the rows it produced).
+fn run_section(bin: &str, quick: bool) -> Result<()> {
+    let path = crate::root().join("BENCHMARKS.md");
+    let md =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let heading = format!("## `{bin}`\n");
+    let start = md
+        .find(&heading)
+        .with_context(|| format!("no section {heading:?} in BENCHMARKS.md: run the whole bench"))?;
+    let end = md[start + heading.len()..]
+        .find("\n## ")
+        .map_or(md.len(), |i| start + heading.len() + i + 1);
+    release_build()?;
+    let args: &[&str] = if quick { &["--quick"] } else { &[] };
+    let lines = json_bench(bin, args, 1)?;
+    // The section: its first paragraph (the description) stays, the tables are new.
+    let old = &md[start..end];
+    let intro_end = old.find("\n\n").map_or(old.len(), |i| {
+        old[i + 2..]
+            .find("\n\n")
+            .map_or(old.len(), |j| i + 2 + j + 2)
+    });
+    let section = format!(
+        "{}{}\n_Re-measured alone with `cargo xtask bench --section {bin}` on {}._\n\n",
+        &old[..intro_end],
+        grouped_tables(&lines),
+        today()
+    );
+    let spliced = format!("{}{}{}", &md[..start], section, &md[end..]);
+    // Summary rows: the ones this bench's lines produce are replaced (same "what").
+    let rows = target_checks(&lines);
+    let mut out: Vec<String> = Vec::new();
+    let (mut in_summary, mut inserted) = (false, false);
+    for l in spliced.lines() {
+        if l.starts_with("## Summary against the targets") {
+            in_summary = true;
+        } else if in_summary
+            && !inserted
+            && !l.starts_with('|')
+            && out.last().is_some_and(|p| p.starts_with('|'))
+        {
+            for (what, m, t, r, ok) in &rows {
+                out.push(format!(
+                    "| {what} | {m} | {t} | {r:.2} | {} |",
+                    verdict(*ok)
+                ));
+            }
+            inserted = true;
+        }
+        if rows
+            .iter()
+            .any(|(what, ..)| l.starts_with(&format!("| {what} |")))
+        {
+            continue;
+        }
+        out.push(l.to_string());
+    }
+    if !inserted {
+        bail!("no summary table in BENCHMARKS.md: run the whole bench");
+    }
+    let out = out.join("\n") + "\n";
+    std::fs::write(&path, &out).with_context(|| format!("writing {}", path.display()))?;
+    eprintln!(
+        "xtask bench: replaced the {bin} section and its summary rows in {}",
+        path.display()
+    );
+    let missed: Vec<&String> = rows.iter().filter(|r| !r.4).map(|r| &r.0).collect();
+    if !missed.is_empty() {
+        bail!("{} target(s) missed: {missed:?}", missed.len());
+    }
+    Ok(())
+}
+
+pub fn run(a: BenchArgs) -> Result<()> {
+    if let Some(bin) = &a.section {
+        return run_section(bin, a.quick);
+    }
+    let runs = if a.quick { 1 } else { 3 };
+    let mut failures = Vec::new();
+    release_build()?;
     // Before the footprint runs, which must not share the CPUs with anything.
     let vm = crate::vm::bench_lines();
     if let Err(e) = &vm {

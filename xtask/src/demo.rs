@@ -64,20 +64,8 @@ fn run_scenario(name: &str, window_ms: u64) -> Result<()> {
             known.join(", ")
         );
     };
-    let mut cmd = crate::cargo();
-    cmd.args([
-        "run",
-        "--quiet",
-        "--release",
-        "-p",
-        "rpingmesh-sim",
-        "--bin",
-        "rpingmesh-sim",
-        "--",
-        "--live",
-        &window_ms.to_string(),
-        "--scenario",
-    ]);
+    let mut cmd = crate::sim::sim_command();
+    cmd.args(["--live", &window_ms.to_string(), "--scenario"]);
     cmd.arg(&path);
     crate::run_streamed(
         cmd,

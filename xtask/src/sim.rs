@@ -25,7 +25,8 @@ fn absolute(p: &Path) -> Result<PathBuf> {
     std::path::absolute(p).with_context(|| format!("path {}", p.display()))
 }
 
-pub fn run(a: SimArgs) -> Result<()> {
+/// `cargo run --release` of the simulator binary; its own arguments follow.
+pub fn sim_command() -> std::process::Command {
     let mut cmd = crate::cargo();
     cmd.args([
         "run",
@@ -37,6 +38,11 @@ pub fn run(a: SimArgs) -> Result<()> {
         "rpingmesh-sim",
         "--",
     ]);
+    cmd
+}
+
+pub fn run(a: SimArgs) -> Result<()> {
+    let mut cmd = sim_command();
     cmd.arg("--scenario").arg(absolute(&a.scenario)?);
     if let Some(out) = &a.findings_out {
         cmd.arg("--findings-out").arg(absolute(out)?);

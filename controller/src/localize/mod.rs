@@ -219,24 +219,21 @@ impl Localizer {
     pub fn localize<'a>(
         &mut self,
         window_start_unix_ns: u64,
-        window_ns: u64,
         paths: impl IntoIterator<Item = &'a PathSummary>,
         inv: &dyn Inventory,
         now_unix_ns: u64,
     ) -> Vec<FindingEvent> {
         let blames = explain(&self.params, self.topology.as_ref(), paths, inv);
-        self.apply(window_start_unix_ns, window_ns, blames, now_unix_ns)
+        self.apply(window_start_unix_ns, blames, now_unix_ns)
     }
 
     /// Moves the findings with one window's blames (hysteresis).
     pub fn apply(
         &mut self,
         window_start_unix_ns: u64,
-        window_ns: u64,
         blames: Vec<Blame>,
         now_unix_ns: u64,
     ) -> Vec<FindingEvent> {
-        let _ = window_ns;
         let mut events = Vec::new();
         let k = self.params.open_after_windows.max(1);
         let mut blamed = std::collections::HashSet::new();

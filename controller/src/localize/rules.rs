@@ -112,6 +112,9 @@ struct RnicStat {
     lossy_paths: u32,
     local_paths: u32,
     lossy_local_paths: u32,
+    /// Paths with any lost probe (the lossy ones and those with one or a few).
+    touched_paths: u32,
+    touched_local_paths: u32,
 }
 
 impl RnicStat {
@@ -126,6 +129,17 @@ impl RnicStat {
         let spread = self.lossy_paths as f64 >= RNIC_LOSSY_SHARE * self.paths as f64;
         let local = self.local_paths == 0 || 2 * self.lossy_local_paths >= self.local_paths;
         both_ways && spread && local
+    }
+
+    /// Broken for a moment of the window only (a fault starting or ending in it): most
+    /// of its paths, ToR-local ones included, lost something both ways, too little for
+    /// `looks_broken`. Not named, but those losses are its, not the links'.
+    fn looks_grazed(&self) -> bool {
+        self.paths >= 2
+            && self.out_failed > 0
+            && (self.in_total == 0 || self.in_failed > 0)
+            && 2 * self.touched_paths >= self.paths
+            && (self.local_paths == 0 || 2 * self.touched_local_paths >= self.local_paths)
     }
 
     fn in_loss(&self) -> f64 {
@@ -289,6 +303,7 @@ impl<'a> Window<'a> {
         let mut st = vec![RnicStat::default(); self.rnics.len()];
         for r in self.recs.iter().filter(|r| !r.explained) {
             let lossy = self.is_lossy(r) as u32;
+            let touched = (r.s.probe_failed > 0) as u32;
             let local = self.tor_of(r.src) == self.tor_of(r.dst);
             let (t, f) = (r.s.probe_total as u64, r.s.probe_failed as u64);
             for (x, out) in [(r.src, true), (r.dst, false)] {
@@ -302,9 +317,11 @@ impl<'a> Window<'a> {
                 }
                 s.paths += 1;
                 s.lossy_paths += lossy;
+                s.touched_paths += touched;
                 if local {
                     s.local_paths += 1;
                     s.lossy_local_paths += lossy;
+                    s.touched_local_paths += touched;
                 }
             }
         }
@@ -365,9 +382,17 @@ impl<'a> Window<'a> {
     fn rnic_step(&mut self, inv: &dyn Inventory) {
         let st = self.rnic_stats();
         let mut blamed = Vec::new();
+        let mut grazed = Vec::new();
         for (i, s) in st.iter().enumerate() {
             if s.looks_broken() {
                 blamed.push((i as u32, *s));
+            } else if s.looks_grazed() {
+                grazed.push(i as u32);
+            }
+        }
+        for x in grazed {
+            for r in self.recs.iter_mut().filter(|r| r.src == x || r.dst == x) {
+                r.explained = true;
             }
         }
         for (x, s) in blamed {

@@ -8,14 +8,17 @@
 //! - localization_suite: the suite's size and cost.
 //!
 //! `--scenarios N` (default 304), `--fault-free-hours H` (default 24), `--seed S`,
-//! `--jobs J` (default: available cores), `--quick` (a smoke: 16 scenarios, 1 hour).
+//! `--jobs J` (default: available cores), `--quick` (a smoke: 16 scenarios, 1 hour),
+//! `--only N` (suite scenario N alone, its findings printed).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use rpingmesh_sim::eval::{report, score, suite_scenario, ScenarioScore, SUITE_FABRICS};
-use rpingmesh_sim::{try_run, FabricSpec, Scenario, SimOptions};
+use rpingmesh_sim::eval::{
+    report, score, suite_fabric, suite_scenario, ScenarioScore, SUITE_FABRICS,
+};
+use rpingmesh_sim::{try_run, Scenario, SimOptions};
 use serde_json::json;
 
 struct Args {
@@ -23,6 +26,8 @@ struct Args {
     fault_free_hours: u64,
     seed: u64,
     jobs: usize,
+    /// Run only suite scenario N and print its findings (for whoever tunes the rules).
+    only: Option<usize>,
 }
 
 fn parse() -> Result<Args, String> {
@@ -31,6 +36,7 @@ fn parse() -> Result<Args, String> {
         fault_free_hours: 24,
         seed: 2026,
         jobs: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        only: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -45,6 +51,7 @@ fn parse() -> Result<Args, String> {
             "--fault-free-hours" => a.fault_free_hours = value("--fault-free-hours")?,
             "--seed" => a.seed = value("--seed")?,
             "--jobs" => a.jobs = (value("--jobs")? as usize).max(1),
+            "--only" => a.only = Some(value("--only")? as usize),
             "--quick" => {
                 a.scenarios = 16;
                 a.fault_free_hours = 1;
@@ -113,6 +120,13 @@ fn main() {
     };
     let opts = SimOptions::default();
     let window = opts.window_sec as f64;
+    if let Some(i) = a.only {
+        let s = suite_scenario(a.seed, i);
+        println!("{}", describe(&s));
+        let out = try_run(&s, &opts).unwrap_or_else(|e| panic!("suite scenario {i}: {e}"));
+        print!("{}", out.findings_jsonl());
+        return;
+    }
     let t0 = Instant::now();
     let runs: Vec<(ScenarioScore, u64, u64, bool)> = parallel(a.scenarios, a.jobs, |i| {
         let s = suite_scenario(a.seed, i);
@@ -188,19 +202,10 @@ fn main() {
     let t1 = Instant::now();
     let hours = a.fault_free_hours as usize;
     let quiet: Vec<(usize, u64)> = parallel(hours, a.jobs, |h| {
-        let (tors, spines, hosts_per_tor, rnics_per_host) = SUITE_FABRICS[h % SUITE_FABRICS.len()];
         let s = Scenario {
             seed: a.seed ^ 0xFA17_F8EE ^ h as u64,
             duration_sec: 3600,
-            fabric: FabricSpec {
-                tors,
-                spines,
-                hosts_per_tor,
-                rnics_per_host,
-                rail_optimized: false,
-                link_latency_us: 2.0,
-                link_jitter_us: 0.3,
-            },
+            fabric: suite_fabric(h),
             faults: Vec::new(),
         };
         let out = try_run(&s, &opts).unwrap_or_else(|e| panic!("fault-free hour {h}: {e}"));
