@@ -9,6 +9,7 @@ pub mod agent;
 pub mod cluster_monitor;
 pub mod config;
 pub mod controller_client;
+pub mod hostping;
 pub mod reopen;
 pub mod report;
 pub mod rnic;

@@ -10,6 +10,10 @@ use rpingmesh_agent::{agent, telemetry, watchdog_sampler};
 
 fn main() -> ExitCode {
     one_malloc_arena();
+    let argv: Vec<String> = std::env::args().collect();
+    if argv.get(1).map(String::as_str) == Some("hostping") {
+        return rpingmesh_agent::hostping::main(argv[1..].to_vec());
+    }
     let cli = CliArgs::parse();
     let cfg = match AgentConfig::load(&cli) {
         Ok(c) => c,

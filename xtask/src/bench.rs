@@ -70,9 +70,13 @@ fn run_section(bin: &str, quick: bool) -> Result<()> {
     let md =
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     let heading = format!("## `{bin}`\n");
-    let start = md
-        .find(&heading)
-        .with_context(|| format!("no section {heading:?} in BENCHMARKS.md: run the whole bench"))?;
+    // A bench new since the last whole run gets its section at the end.
+    let md = if md.contains(&heading) {
+        md
+    } else {
+        format!("{}\n{heading}\n{}.\n\n", md.trim_end(), section_intro(bin))
+    };
+    let start = md.find(&heading).expect("added above");
     let end = md[start + heading.len()..]
         .find("\n## ")
         .map_or(md.len(), |i| start + heading.len() + i + 1);
@@ -160,6 +164,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         "tracer-bench",
         "verbs-bench",
         "sim-eval",
+        "hostping-bench",
     ] {
         // The benches repeat internally and print medians: one invocation each.
         let args: &[&str] = match (bin, a.quick) {
@@ -168,6 +173,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             ("tracer-bench", true) => &["--runs", "1", "--seconds-per-run", "1"],
             ("verbs-bench", true) => &["--runs", "1"],
             ("sim-eval", true) => &["--quick"],
+            ("hostping-bench", true) => &["--quick"],
             _ => &[],
         };
         let res = json_bench(bin, args, 1);
@@ -220,6 +226,49 @@ pub fn run(a: BenchArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// The first paragraph of a bench's section: what it measures and how.
+fn section_intro(bin: &str) -> &'static str {
+    match bin {
+            "controller-bench" => "Controller: GetPinglist latency with 10,000 / 100,000 RNICs (target p99 < 2 ms at 100,000); the web page's JSON endpoints at 100,000 RNICs and 200,000 paths (HTTP/1.1, a connection per request) next to GetPinglist on the same server; registration throughput, PathSummary ingest (target 200,000/s on one core); analyzer_localize: one 30 s window of a 100,000-RNIC fabric (1.2 million summaries, a dead RNIC and a dead link among them) ingested and localized on one core, as a share of the window (the target: keeping up, < 1)",
+            "agent-bench" => "Agent over udp: probe round trips per second on one core vs a minimal timestamped UDP ping-pong in the same run (target ratio >= 0.7); a Prometheus /metrics scrape (collection + OpenMetrics encoding) of an agent with 64 targets in 64 ToRs, against one without targets",
+            "tracer-bench" => "Service tracer: QP events per second from ring-buffer records to the flow table on one core (target > 1,000,000/s) vs copying the same bytes; per-call cost of the libibverbs uprobe vs the untraced call, same run. \
+                The untraced function is an empty stand-in (about 2 ns), so the ratio is large; what matters is the absolute cost per traced call \
+                (two traps, the eBPF program and a ring-buffer wake-up of the reader on this VM), paid once per QP create/modify/destroy: \
+                a real ibv_modify_qp is itself a command to the NIC that takes tens of microseconds, and data-path verbs (post_send, poll_cq) are not traced. \
+                probing_under_qp_storm: two real drivers probing at 4,000 probes/s offered, quiet vs while a thread hammers the traced create/modify/destroy as fast as it can (ratio = storm/quiet, target >= 0.9)",
+            "vm-rdma" => "rdma over soft-RoCE, in the qemu guest of the VM tests (TCG: absolute numbers are several times slower than hardware, the ratios are what counts), release build. \
+                rxe_probe_round_trips: the agent's two real drivers probing each other between two rxe devices behind a bridge (agent-bench --rdma, one probe in flight, and 16), \
+                against libibverbs' own ibv_ud_pingpong between the same two GIDs, busy-polling and sleeping on completion events (-e); rounds alternated, medians. \
+                A probe is three datagrams (probe, two ACKs) where a ping-pong round trip is two, and the agent sleeps on completion channels where the busy ping-pong spins. \
+                service_path_latency: from each QP's ibv_modify_qp to RTR (stamped by rdma-qp-churn) until the controller lists its service path, agents in kprobe mode, \
+                sampled every 20 ms; bounded by the agent's service_flow_report_interval_ms. \
+                agent_cpu_rdma_vs_udp: a prober agent (200 probes/s offered to one target; 640/s, the packet rate of 64 targets x 10/s, saturates the guest's two TCG vCPUs on either transport) and a responder-only agent, \
+                real processes between the same two addresses, on rdma (rxe) and then on udp in the same guest; CPU is utime+stime from /proc over 10 s; \
+                under TCG the kernel's rxe work runs in softirq and is billed partly to whoever is on the CPU. \
+                dead_peer_cost: the same rdma pair, the live target's probes/s alone vs with a registered dead GID (ibv_create_ah times out after about a second) on the prober's pinglist at the same rate"
+            ,
+"sim-eval" => "Fault localization accuracy on the simulated fabric (`sim/`: the real probing core, aggregation and analyzer in virtual time; see `sim/src/eval.rs`). \
+                A suite of randomized, seeded scenarios (600 s each, 30 s windows) on four 512-RNIC fabric shapes (64 ToRs x 4 spines x 4 hosts x 2 RNICs; 32 x 8 x 4 x 4; 64 x 8 x 2 x 4; 256 x 4 x 1 x 2, ToRs of two RNICs), \
+                every 8th fault-free, the others with one or two simultaneous faults on different ToRs, kinds cycling through all seven, parameters drawn from: flap period 10-40 s and down 20-50% of it, host stall 2-20 ms, link loss 2-20% in a random direction, link latency +100-500 us. \
+                A finding is true when its kind and location match a fault whose time overlaps it; a false finding counts against the fault kind its symptom names. \
+                Detection time is from the fault's start to the finding's opening, in windows (a finding opens when the first blaming window has settled, 5 s after it ends). \
+                localization_fault_free: one-hour fault-free runs of the four fabrics (plus the suite's fault-free scenarios), every finding counted. \
+                The suite's own cost is in localization_suite",
+            "verbs-bench" => "rdma backend without hardware: the address-handle lookup every send pays (AhTable: LRU hit plus the age and loss checks) vs a plain HashMap lookup, and completion -> event (translate + SPSC ring push/pop) vs a plain VecDeque push/pop, same run. \
+                The Go/Zig version calls ibv_create_ah for every probe it sends (a verbs call into the provider, on most NICs a kernel or firmware command); \
+                ours creates one AH per (GID, flow label, SL, TC) path off the send path and reuses it, so the per-send cost is the lookup below. \
+                ah_hit_rate: 4 probe rounds over 256 targets x 64 flow labels, with the cache at its default 4096 entries (every round evicts what the next needs) vs sized to the pinglist as the agent does",
+            "hostping-bench" => "Hostping (intra-host diagnosis, `hostping/`). hostping_inference: Algorithm 1 (link-state inference over the host tree) on a randomized suite of hosts \
+                (one or two sockets, two or three root ports each, PCIe switches with an RNIC and one to three GPUs, or a lone device under a port), each built as a sysfs tree and discovered like a live host, \
+                with one fault of the paper's Figure 8/10 patterns (RNIC or GPU PCIe link, memory channel, UPI, CPU root port transit, ACS misconfiguration, a flapping memory channel; \
+                on a busy host a GPU link, an overloaded UPI or memory channel, told from failures by the bus-utilization input) or none (every 11th), taking 25-75% of what crosses the link, 2% timing noise, 20 rounds of loopback tests each. \
+                A finding is true when it names the faulty link with the right cause (failure, congestion, flapping). A draw whose faulty link no set of path verdicts can tell apart from another is drawn again and counted (redrawn_unidentifiable). \
+                hostping_cpu: R2R probing between four RNICs (the agent's drivers on udp over loopback, a probe per RNIC per 100 ms, 500 ms timeout) plus the hardware monitor reading four ports' counters once a second from files, \
+                the process's CPU time as a share of one core (target < 0.002), next to the same process idle for as long",
+            _ => "",
+        }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -751,38 +800,7 @@ fn render_markdown(
     }
 
     for (bin, res) in sections {
-        let what = match *bin {
-            "controller-bench" => "Controller: GetPinglist latency with 10,000 / 100,000 RNICs (target p99 < 2 ms at 100,000); the web page's JSON endpoints at 100,000 RNICs and 200,000 paths (HTTP/1.1, a connection per request) next to GetPinglist on the same server; registration throughput, PathSummary ingest (target 200,000/s on one core); analyzer_localize: one 30 s window of a 100,000-RNIC fabric (1.2 million summaries, a dead RNIC and a dead link among them) ingested and localized on one core, as a share of the window (the target: keeping up, < 1)",
-            "agent-bench" => "Agent over udp: probe round trips per second on one core vs a minimal timestamped UDP ping-pong in the same run (target ratio >= 0.7); a Prometheus /metrics scrape (collection + OpenMetrics encoding) of an agent with 64 targets in 64 ToRs, against one without targets",
-            "tracer-bench" => "Service tracer: QP events per second from ring-buffer records to the flow table on one core (target > 1,000,000/s) vs copying the same bytes; per-call cost of the libibverbs uprobe vs the untraced call, same run. \
-                The untraced function is an empty stand-in (about 2 ns), so the ratio is large; what matters is the absolute cost per traced call \
-                (two traps, the eBPF program and a ring-buffer wake-up of the reader on this VM), paid once per QP create/modify/destroy: \
-                a real ibv_modify_qp is itself a command to the NIC that takes tens of microseconds, and data-path verbs (post_send, poll_cq) are not traced. \
-                probing_under_qp_storm: two real drivers probing at 4,000 probes/s offered, quiet vs while a thread hammers the traced create/modify/destroy as fast as it can (ratio = storm/quiet, target >= 0.9)",
-            "vm-rdma" => "rdma over soft-RoCE, in the qemu guest of the VM tests (TCG: absolute numbers are several times slower than hardware, the ratios are what counts), release build. \
-                rxe_probe_round_trips: the agent's two real drivers probing each other between two rxe devices behind a bridge (agent-bench --rdma, one probe in flight, and 16), \
-                against libibverbs' own ibv_ud_pingpong between the same two GIDs, busy-polling and sleeping on completion events (-e); rounds alternated, medians. \
-                A probe is three datagrams (probe, two ACKs) where a ping-pong round trip is two, and the agent sleeps on completion channels where the busy ping-pong spins. \
-                service_path_latency: from each QP's ibv_modify_qp to RTR (stamped by rdma-qp-churn) until the controller lists its service path, agents in kprobe mode, \
-                sampled every 20 ms; bounded by the agent's service_flow_report_interval_ms. \
-                agent_cpu_rdma_vs_udp: a prober agent (200 probes/s offered to one target; 640/s, the packet rate of 64 targets x 10/s, saturates the guest's two TCG vCPUs on either transport) and a responder-only agent, \
-                real processes between the same two addresses, on rdma (rxe) and then on udp in the same guest; CPU is utime+stime from /proc over 10 s; \
-                under TCG the kernel's rxe work runs in softirq and is billed partly to whoever is on the CPU. \
-                dead_peer_cost: the same rdma pair, the live target's probes/s alone vs with a registered dead GID (ibv_create_ah times out after about a second) on the prober's pinglist at the same rate"
-            ,
-"sim-eval" => "Fault localization accuracy on the simulated fabric (`sim/`: the real probing core, aggregation and analyzer in virtual time; see `sim/src/eval.rs`). \
-                A suite of randomized, seeded scenarios (600 s each, 30 s windows) on four 512-RNIC fabric shapes (64 ToRs x 4 spines x 4 hosts x 2 RNICs; 32 x 8 x 4 x 4; 64 x 8 x 2 x 4; 256 x 4 x 1 x 2, ToRs of two RNICs), \
-                every 8th fault-free, the others with one or two simultaneous faults on different ToRs, kinds cycling through all seven, parameters drawn from: flap period 10-40 s and down 20-50% of it, host stall 2-20 ms, link loss 2-20% in a random direction, link latency +100-500 us. \
-                A finding is true when its kind and location match a fault whose time overlaps it; a false finding counts against the fault kind its symptom names. \
-                Detection time is from the fault's start to the finding's opening, in windows (a finding opens when the first blaming window has settled, 5 s after it ends). \
-                localization_fault_free: one-hour fault-free runs of the four fabrics (plus the suite's fault-free scenarios), every finding counted. \
-                The suite's own cost is in localization_suite",
-            "verbs-bench" => "rdma backend without hardware: the address-handle lookup every send pays (AhTable: LRU hit plus the age and loss checks) vs a plain HashMap lookup, and completion -> event (translate + SPSC ring push/pop) vs a plain VecDeque push/pop, same run. \
-                The Go/Zig version calls ibv_create_ah for every probe it sends (a verbs call into the provider, on most NICs a kernel or firmware command); \
-                ours creates one AH per (GID, flow label, SL, TC) path off the send path and reuses it, so the per-send cost is the lookup below. \
-                ah_hit_rate: 4 probe rounds over 256 targets x 64 flow labels, with the cache at its default 4096 entries (every round evicts what the next needs) vs sized to the pinglist as the agent does",
-            _ => "",
-        };
+        let what = section_intro(bin);
         let _ = writeln!(s, "## `{bin}`\n\n{what}.\n");
         match res {
             Ok(lines) => s += &grouped_tables(lines),
@@ -878,6 +896,31 @@ pub fn target_checks(lines: &[Line]) -> Vec<Check> {
                         "<= 2 windows".into(),
                         d / 2.0,
                         d <= 2.0,
+                    ));
+                }
+            }
+            "hostping_inference" => {
+                let kind = text(l, "fault_kind");
+                for k in ["precision", "recall"] {
+                    if let Some(v) = num(l, k) {
+                        out.push((
+                            format!("hostping link inference {k}, {kind}"),
+                            format!("{v:.3}"),
+                            ">= 0.98".into(),
+                            v / 0.98,
+                            v >= 0.98,
+                        ));
+                    }
+                }
+            }
+            "hostping_cpu" => {
+                if let (Some(c), Some(t)) = (num(l, "cpu_share_of_core"), num(l, "target")) {
+                    out.push((
+                        "hostping R2R + hardware monitor CPU, 4 RNICs".into(),
+                        format!("{:.3}% of a core", c * 100.0),
+                        format!("< {:.1}%", t * 100.0),
+                        c / t,
+                        c < t,
                     ));
                 }
             }

@@ -1,0 +1,604 @@
+//! `rpingmesh-agent hostping --once`: the intra-host check an operator runs after a
+//! reboot or before a job. It reads the host tree from sysfs, names PCIe links trained
+//! below what both ends can do, samples the RNIC counters (hardware monitor), probes
+//! RNIC to RNIC (R2R) with the agent's own driver and no controller, prints the tree and
+//! the verdict, and exits non-zero on a problem.
+//!
+//! The judging is `rpingmesh-hostping` (pure); this module only gathers: sysfs reads,
+//! counter samples a second apart, and the probes' outcomes from one driver per RNIC.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use rpingmesh_hostping::hwmon::{self, ModeThresholds, PortCounters, PortRates};
+use rpingmesh_hostping::loopback::HostMode;
+use rpingmesh_hostping::r2r::{self, R2rFinding, R2rWindow};
+use rpingmesh_hostping::sysfs::{RealSysfs, Recorder, Recording, Sysfs};
+use rpingmesh_hostping::topology::{HostTopology, LinkDowngrade};
+use rpingmesh_proto::gid::format_gid;
+use rpingmesh_protocol::prober::ProbeResult;
+use serde::Serialize;
+use tokio::sync::mpsc;
+
+use crate::agent::{self, OpenedRnic};
+use crate::config::{AgentConfig, CliArgs, Transport};
+use crate::rnic::{DriverParams, RnicDriver, StaticDriver, TargetOutcome};
+use crate::targets::{Pinglists, ProbeTarget};
+use crate::telemetry::Metrics;
+use rpingmesh_protocol::PinglistKind;
+
+/// Flags of `rpingmesh-agent hostping`; the agent's own flags and config file choose the
+/// transport and the RNICs.
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "rpingmesh-agent hostping",
+    about = "Intra-host diagnosis (Hostping): topology, PCIe links, RNIC counters, RNIC-to-RNIC probing"
+)]
+pub struct HostpingArgs {
+    /// Run the checks once, print the tree and the verdict, exit 1 on a problem.
+    #[arg(long)]
+    pub once: bool,
+    /// Write what was read of sysfs to FILE (a recording the tests can replay).
+    #[arg(long, value_name = "FILE")]
+    pub record: Option<PathBuf>,
+    /// Read the host tree from a recording instead of /sys.
+    #[arg(long, value_name = "FILE")]
+    pub sysfs_recording: Option<PathBuf>,
+    /// Seconds of R2R probing (the paper's window: 20); 0 skips it.
+    #[arg(long, default_value_t = 20)]
+    pub r2r_sec: u64,
+    /// Seconds per R2R window (the paper: 20); the verdict is the last window's.
+    #[arg(long, default_value_t = 20)]
+    pub r2r_window_sec: u64,
+    /// R2R probe interval per RNIC, ms (the paper: 100).
+    #[arg(long, default_value_t = 100)]
+    pub r2r_interval_ms: u64,
+    /// R2R probe timeout, ms (the paper: 500).
+    #[arg(long, default_value_t = 500)]
+    pub r2r_timeout_ms: u64,
+    /// Timeout rate over which an RNIC has a network problem (the paper's Timeout_th).
+    #[arg(long, default_value_t = 0.1)]
+    pub timeout_th: f64,
+    /// Idle below this share of line rate (Thp_low).
+    #[arg(long, default_value_t = 0.05)]
+    pub thp_low: f64,
+    /// Abnormal over this Tx pause ratio (PFC_high).
+    #[arg(long, default_value_t = 0.03)]
+    pub pfc_high: f64,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub agent: CliArgs,
+}
+
+/// Everything one run found.
+#[derive(Debug, Serialize)]
+pub struct HostReport {
+    pub hostname: String,
+    pub topology: HostTopology,
+    pub downgrades: Vec<LinkDowngrade>,
+    pub ports: Vec<PortReport>,
+    pub mode: HostMode,
+    pub r2r: R2rReport,
+    pub loopback: String,
+    pub problems: Vec<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct PortReport {
+    pub device: String,
+    pub port: u32,
+    pub rates: PortRates,
+}
+
+#[derive(Debug, Serialize, Default)]
+pub struct R2rReport {
+    /// Why it did not run, if it did not.
+    pub skipped: Option<String>,
+    pub rnics: Vec<String>,
+    pub probes: u64,
+    pub timeouts: u64,
+    /// The last window's findings: the verdict.
+    pub findings: Vec<R2rFinding>,
+    pub windows: Vec<R2rWindowReport>,
+}
+
+#[derive(Debug, Serialize, Default, Clone)]
+pub struct R2rWindowReport {
+    pub probes: u64,
+    pub timeouts: u64,
+    pub findings: Vec<R2rFinding>,
+}
+
+/// Runs `hostping`; the process's exit code.
+pub fn main(args: Vec<String>) -> std::process::ExitCode {
+    use clap::Parser;
+    use std::process::ExitCode;
+    let args = match HostpingArgs::try_parse_from(args) {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+        }
+    };
+    if !args.once {
+        eprintln!("rpingmesh-agent hostping: only --once is available; the running agent does not run hostping yet");
+        return ExitCode::from(2);
+    }
+    let mut agent_args = args.agent.clone();
+    // A one-shot command: the agent's info lines are noise here.
+    if agent_args.log_level.is_none() {
+        agent_args.log_level = Some("warn".into());
+    }
+    // No controller is involved: a missing ToR id is no reason to refuse.
+    if agent_args.tor_id.is_none() {
+        agent_args.tor_id = Some("hostping".into());
+    }
+    let cfg = match AgentConfig::load(&agent_args) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("rpingmesh-agent hostping: config error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    crate::telemetry::init_logging(&cfg.log_level);
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("rpingmesh-agent hostping: cannot start the runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let report = match rt.block_on(run_once(&args, &cfg)) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("rpingmesh-agent hostping: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).unwrap_or_default()
+        );
+    } else {
+        print!("{}", render(&report));
+    }
+    if report.problems.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
+
+/// Gathers and judges.
+pub async fn run_once(args: &HostpingArgs, cfg: &AgentConfig) -> Result<HostReport, String> {
+    // 1. The tree.
+    let (topology, recording) = match &args.sysfs_recording {
+        Some(path) => {
+            let text =
+                std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+            let rec = Recording::parse(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+            (
+                HostTopology::discover(&rec).map_err(|e| e.to_string())?,
+                rec,
+            )
+        }
+        None => {
+            let rec = Recorder::new(RealSysfs::host());
+            let t = HostTopology::discover(&rec).map_err(|e| e.to_string())?;
+            (t, rec.recording())
+        }
+    };
+    // 2. Counters a second apart (read live, also when the tree was replayed: they are
+    // of this moment, not of the recording).
+    let live = RealSysfs::host();
+    let ports_of: Vec<(String, u32, Option<f64>)> = topology
+        .rnics
+        .iter()
+        .flat_map(|r| {
+            r.ports
+                .iter()
+                .map(move |p| (r.name.clone(), p.port, p.rate_gbps))
+        })
+        .collect();
+    let sample = |fs: &dyn Sysfs| -> Vec<PortCounters> {
+        ports_of
+            .iter()
+            .map(|(d, p, _)| hwmon::read_port(fs, d, *p))
+            .collect()
+    };
+    let counters_source: &dyn Sysfs = if args.sysfs_recording.is_some() {
+        &recording
+    } else {
+        &live
+    };
+    let first = sample(counters_source);
+    let started = std::time::Instant::now();
+    if !ports_of.is_empty() && args.sysfs_recording.is_none() {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let second = sample(counters_source);
+    let secs = started.elapsed().as_secs_f64().max(1e-3);
+    let mut ports = Vec::new();
+    let mut mode_input = Vec::new();
+    for ((a, b), (_, _, line)) in first.iter().zip(&second).zip(&ports_of) {
+        let rates = hwmon::rates(a, b, secs);
+        mode_input.push((rates, *line));
+        ports.push(PortReport {
+            device: a.device.clone(),
+            port: a.port,
+            rates,
+        });
+    }
+    let mode = hwmon::host_mode(
+        &mode_input,
+        ModeThresholds {
+            thp_low: args.thp_low,
+            pfc_high: args.pfc_high,
+        },
+    );
+    if let Some(path) = &args.record {
+        // Counters read for the sample belong to the recording too.
+        let rec = Recorder::new(RealSysfs::host());
+        let _ = HostTopology::discover(&rec);
+        for (d, p, _) in &ports_of {
+            let _ = hwmon::read_port(&rec, d, *p);
+        }
+        std::fs::write(path, rec.recording().to_text())
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    // 3. R2R.
+    let r2r = if args.r2r_sec == 0 {
+        R2rReport {
+            skipped: Some("--r2r-sec 0".into()),
+            ..Default::default()
+        }
+    } else {
+        r2r_probe(cfg, args).await
+    };
+
+    let mut problems: Vec<String> = topology.downgrades().iter().map(|d| d.describe()).collect();
+    for p in &ports {
+        if p.rates.link_downed {
+            problems.push(format!(
+                "{} port {}: the link went down during the sample",
+                p.device, p.port
+            ));
+        }
+    }
+    for r in &topology.rnics {
+        for p in &r.ports {
+            if p.state != "ACTIVE" {
+                problems.push(format!("{} port {}: state {}", r.name, p.port, p.state));
+            }
+        }
+    }
+    for f in &r2r.findings {
+        problems.push(describe_r2r(f));
+    }
+    Ok(HostReport {
+        hostname: cfg.hostname.clone(),
+        downgrades: topology.downgrades(),
+        topology,
+        ports,
+        mode,
+        r2r,
+        loopback: "not run: loopback tests need an RC QP per RNIC and endpoint, which this build does not open yet".into(),
+        problems,
+    })
+}
+
+fn describe_r2r(f: &R2rFinding) -> String {
+    use rpingmesh_hostping::r2r::R2rKind;
+    let pct = f.timeout_rate * 100.0;
+    match f.kind {
+        R2rKind::Down => format!(
+            "R2R: {} timed out on {pct:.0}% of {} probes: down or misrouted",
+            f.rnics.join(","),
+            f.probes
+        ),
+        R2rKind::Sporadic => format!(
+            "R2R: {} timed out on {pct:.1}% of {} probes: flapping or bad hardware",
+            f.rnics.join(","),
+            f.probes
+        ),
+        R2rKind::Tor => format!(
+            "R2R: every RNIC timed out ({pct:.0}% of {} probes): the ToR",
+            f.probes
+        ),
+        R2rKind::Miswired => {
+            let groups: Vec<String> = f
+                .groups
+                .iter()
+                .map(|g| format!("{{{}}}", g.join(",")))
+                .collect();
+            format!("R2R: {} reach each other only within their group: miswired (wrong switch ports or subnets)", groups.join(" "))
+        }
+    }
+}
+
+/// One driver per RNIC of the agent's config, each probing the others.
+async fn r2r_probe(cfg: &AgentConfig, args: &HostpingArgs) -> R2rReport {
+    let opened: Result<Vec<OpenedRnic>, String> = match cfg.transport {
+        Transport::Udp => agent::bind_udp(cfg)
+            .map(|eps| eps.into_iter().map(OpenedRnic::from).collect())
+            .map_err(|e| e.to_string()),
+        Transport::Rdma => agent::open_rdma(cfg).map_err(|e| e.to_string()),
+    };
+    let opened = match opened {
+        Ok(o) => o,
+        Err(e) => {
+            return R2rReport {
+                skipped: Some(format!("cannot open the RNICs: {e}")),
+                ..Default::default()
+            }
+        }
+    };
+    let mut params = DriverParams::from_config(cfg, rand::random());
+    params.analysis_window_ns = None;
+    params.responder_only = false;
+    let plan = R2rPlan {
+        interval: Duration::from_millis(args.r2r_interval_ms.max(1)),
+        timeout: Duration::from_millis(args.r2r_timeout_ms.max(1)),
+        duration: Duration::from_secs(args.r2r_sec),
+        window: Duration::from_secs(args.r2r_window_sec.max(1)),
+        timeout_th: args.timeout_th,
+    };
+    r2r_run(opened, params, &plan).await
+}
+
+/// How R2R probes.
+#[derive(Debug, Clone)]
+pub struct R2rPlan {
+    /// Each RNIC sends one probe per interval (the paper: 100 ms).
+    pub interval: Duration,
+    /// The paper: 500 ms.
+    pub timeout: Duration,
+    pub duration: Duration,
+    /// Outcomes are judged per window (the paper: 20 s).
+    pub window: Duration,
+    pub timeout_th: f64,
+}
+
+/// Runs R2R over opened RNICs: one agent driver per RNIC (the same scheduler, prober,
+/// responder and transport as the running agent; no controller), each probing the
+/// others in turn (the paper picks a peer at random; in turn covers each equally).
+pub async fn r2r_run(
+    opened: Vec<OpenedRnic>,
+    mut params: DriverParams,
+    plan: &R2rPlan,
+) -> R2rReport {
+    let n = opened.len();
+    if n < 2 {
+        return R2rReport {
+            skipped: Some(format!("R2R needs two RNICs; {n} opened")),
+            ..Default::default()
+        };
+    }
+    let interval_ns = plan.interval.as_nanos() as u64;
+    params.round_interval_ns = interval_ns * (n as u64 - 1);
+    params.tor_mesh_rate = 1e9 / interval_ns as f64 / (n - 1) as f64;
+    params.probe_timeout_ns = plan.timeout.as_nanos() as u64;
+    let names: Vec<String> = opened
+        .iter()
+        .map(|o| o.endpoint.device_name().to_string())
+        .collect();
+    let drivers: Vec<RnicDriver> = opened
+        .into_iter()
+        .map(|o| RnicDriver::new(o.endpoint, params.clone(), Metrics::disabled()))
+        .collect();
+    let locals: Vec<_> = drivers.iter().map(|d| d.local()).collect();
+    let index: BTreeMap<(String, u32), usize> = locals
+        .iter()
+        .enumerate()
+        .map(|(i, l)| ((format_gid(&l.gid), l.qpn), i))
+        .collect();
+    let mut handles = Vec::new();
+    let mut rxs = Vec::new();
+    for (i, d) in drivers.into_iter().enumerate() {
+        let tor_mesh = (0..n)
+            .filter(|&j| j != i)
+            .map(|j| {
+                let mut t = ProbeTarget::new(
+                    locals[j].gid,
+                    locals[j].qpn,
+                    "hostping",
+                    PinglistKind::TorMesh,
+                );
+                t.device_name = names[j].clone();
+                t
+            })
+            .collect();
+        let (tx, rx) = mpsc::unbounded_channel::<TargetOutcome>();
+        handles.push(StaticDriver::spawn(
+            d,
+            Pinglists {
+                tor_mesh,
+                inter_tor: vec![],
+                service: vec![],
+            },
+            None,
+            Some(tx),
+        ));
+        rxs.push(rx);
+    }
+    // Window by window: each window's outcomes are drained when it ends (a probe sent
+    // just before the end counts in the next, when its timeout fires).
+    let mut windows = Vec::new();
+    let started = tokio::time::Instant::now();
+    let window = plan.window.max(Duration::from_millis(100));
+    let mut end = started + window;
+    loop {
+        let last = end >= started + plan.duration;
+        let until = if last { started + plan.duration } else { end };
+        tokio::time::sleep_until(until).await;
+        if last {
+            // The probes still out get their timeout before the drivers stop.
+            tokio::time::sleep(plan.timeout + Duration::from_millis(100)).await;
+            for (h, _) in &handles {
+                h.stop();
+            }
+        }
+        let mut w = R2rWindow::new(names.clone());
+        for (from, rx) in rxs.iter_mut().enumerate() {
+            while let Ok(o) = rx.try_recv() {
+                let key = (o.target_gid.to_string(), o.target_qpn);
+                if let Some(&to) = index.get(&key) {
+                    w.record(from, to, matches!(o.outcome.result, ProbeResult::Lost));
+                }
+            }
+        }
+        let findings = r2r::analyze(&w, plan.timeout_th);
+        windows.push(R2rWindowReport {
+            probes: w.pairs.values().map(|p| p.0).sum(),
+            timeouts: w.pairs.values().map(|p| p.1).sum(),
+            findings,
+        });
+        if last {
+            break;
+        }
+        end += window;
+    }
+    for (_, t) in handles {
+        let _ = t.await;
+    }
+    let probes = windows.iter().map(|w| w.probes).sum();
+    let timeouts = windows.iter().map(|w| w.timeouts).sum();
+    // The verdict is the last window's: what the host is like now.
+    let findings = windows
+        .last()
+        .map(|w| w.findings.clone())
+        .unwrap_or_default();
+    R2rReport {
+        skipped: None,
+        rnics: names,
+        probes,
+        timeouts,
+        findings,
+        windows,
+    }
+}
+
+/// Samples every port's counters once per `period` until `stop` says so, through `fs`
+/// (the live /sys); returns the last rates of each port.
+pub async fn hw_monitor(
+    fs: &dyn Sysfs,
+    ports: &[(String, u32)],
+    period: Duration,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> Vec<PortRates> {
+    let sample = |fs: &dyn Sysfs| -> Vec<PortCounters> {
+        ports
+            .iter()
+            .map(|(d, p)| hwmon::read_port(fs, d, *p))
+            .collect()
+    };
+    let mut prev = sample(fs);
+    let mut at = std::time::Instant::now();
+    let mut last = vec![PortRates::default(); ports.len()];
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => break,
+        }
+        let cur = sample(fs);
+        let secs = at.elapsed().as_secs_f64();
+        at = std::time::Instant::now();
+        last = prev
+            .iter()
+            .zip(&cur)
+            .map(|(a, b)| hwmon::rates(a, b, secs))
+            .collect();
+        prev = cur;
+    }
+    last
+}
+
+/// The text an operator reads.
+pub fn render(r: &HostReport) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let _ = writeln!(out, "host {}", r.hostname);
+    let downgraded: BTreeMap<String, &LinkDowngrade> = r
+        .downgrades
+        .iter()
+        .map(|d| (format!("pcie:{}", d.bdf), d))
+        .collect();
+    let state =
+        |key: &str| -> Option<String> { downgraded.get(key).map(|_| "DOWNGRADED".to_string()) };
+    out.push_str(&r.topology.render(&state));
+    let _ = writeln!(
+        out,
+        "PCIe links: {}",
+        if r.downgrades.is_empty() {
+            "every link at its best".to_string()
+        } else {
+            format!("{} below their best", r.downgrades.len())
+        }
+    );
+    for p in &r.ports {
+        let g = |v: Option<f64>| v.map_or("?".into(), |x| format!("{x:.2}"));
+        let _ = writeln!(
+            out,
+            "counters {} port {}: tx {} Gb/s, rx {} Gb/s, tx pause {}, drops {:.1}/s",
+            p.device,
+            p.port,
+            g(p.rates.tx_gbps),
+            g(p.rates.rx_gbps),
+            p.rates
+                .tx_pause_ratio
+                .map_or("n/a".into(), |x| format!("{:.1}%", x * 100.0)),
+            p.rates.drops_per_sec
+        );
+    }
+    let _ = writeln!(out, "mode: {:?}", r.mode);
+    match &r.r2r.skipped {
+        Some(why) => {
+            let _ = writeln!(out, "R2R: skipped ({why})");
+        }
+        None => {
+            let _ = writeln!(
+                out,
+                "R2R: {} RNICs ({}), {} probes, {} timed out",
+                r.r2r.rnics.len(),
+                r.r2r.rnics.join(", "),
+                r.r2r.probes,
+                r.r2r.timeouts
+            );
+            for (k, w) in r.r2r.windows.iter().enumerate() {
+                let found: Vec<String> = w.findings.iter().map(describe_r2r).collect();
+                let _ = writeln!(
+                    out,
+                    "  window {}: {} probes, {} timed out{}",
+                    k + 1,
+                    w.probes,
+                    w.timeouts,
+                    if found.is_empty() {
+                        String::new()
+                    } else {
+                        format!(": {}", found.join("; "))
+                    }
+                );
+            }
+        }
+    }
+    let _ = writeln!(out, "loopback: {}", r.loopback);
+    if r.problems.is_empty() {
+        let _ = writeln!(out, "verdict: OK");
+    } else {
+        let _ = writeln!(out, "verdict: PROBLEM");
+        for p in &r.problems {
+            let _ = writeln!(out, "  - {p}");
+        }
+    }
+    out
+}
