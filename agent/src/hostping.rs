@@ -28,6 +28,8 @@ use crate::targets::{Pinglists, ProbeTarget};
 use crate::telemetry::Metrics;
 use rpingmesh_protocol::PinglistKind;
 
+const CANNOT_OPEN: &str = "cannot open the RNICs";
+
 /// Flags of `rpingmesh-agent hostping`; the agent's own flags and config file choose the
 /// transport and the RNICs.
 #[derive(Debug, clap::Parser)]
@@ -282,6 +284,15 @@ pub async fn run_once(args: &HostpingArgs, cfg: &AgentConfig) -> Result<HostRepo
     for f in &r2r.findings {
         problems.push(describe_r2r(f));
     }
+    // An RNIC that cannot be opened is what a service would hit too (the TNET version's
+    // verb-call errors): a problem, unlike a host with one RNIC, which has no R2R.
+    if let Some(why) = r2r
+        .skipped
+        .as_deref()
+        .filter(|w| w.starts_with(CANNOT_OPEN))
+    {
+        problems.push(format!("R2R: {why}"));
+    }
     Ok(HostReport {
         hostname: cfg.hostname.clone(),
         downgrades: topology.downgrades(),
@@ -428,6 +439,7 @@ pub async fn r2r_run(
         ));
         rxs.push(rx);
     }
+    tracing::info!(rnics = n, "{}", r2r::STARTED_LOG);
     // Window by window: each window's outcomes are drained when it ends (a probe sent
     // just before the end counts in the next, when its timeout fires).
     let mut windows = Vec::new();

@@ -14,11 +14,12 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 /// Scenario result files (`<results>/<name>.json`), in the order the runner runs them.
-pub const SCENARIOS: [&str; 4] = [
+pub const SCENARIOS: [&str; 5] = [
     "ud_probing",
     "service_kprobe",
     "service_uprobe",
     "rdma_faults",
+    "hostping",
 ];
 /// The benchmark scenario (`cargo xtask bench`); not part of the tests' run.
 pub const BENCH_SCENARIO: &str = "bench_rdma";
@@ -96,6 +97,30 @@ pub const FAULT_DOWN_SECS: u64 = 8;
 pub const FAULT_AFTER_UP_SECS: u64 = 12;
 /// Bytes of the stray datagram (more than a receive slot: GRH 40 + 64).
 pub const FAULT_OVERSIZE_BYTES: u32 = 1024;
+
+/// Hostping: four rxe devices behind one bridge, the RNICs of one host, checked by
+/// `rpingmesh-agent hostping --once`: healthy; one device's bridge port taken down
+/// during the run; a third of one device's RoCE frames dropped at the bridge.
+pub const HOST_DEVICES: [&str; 4] = ["rxeh0", "rxeh1", "rxeh2", "rxeh3"];
+pub const HOST_NETDEVS: [&str; 4] = ["vh0", "vh1", "vh2", "vh3"];
+pub const HOST_IPS: [Ipv4Addr; 4] = [
+    Ipv4Addr::new(198, 18, 4, 1),
+    Ipv4Addr::new(198, 18, 4, 2),
+    Ipv4Addr::new(198, 18, 4, 3),
+    Ipv4Addr::new(198, 18, 4, 4),
+];
+/// R2R windows of the VM runs (the paper's are 20 s) and the runs' lengths.
+pub const HOST_WINDOW_SEC: u64 = 3;
+pub const HOST_HEALTHY_SEC: u64 = 6;
+/// The port-down run: the port goes down HOST_DOWN_AT_SEC after R2R probing began (in
+/// the second window) and stays down to the end.
+pub const HOST_DOWN_RUN_SEC: u64 = 12;
+pub const HOST_DOWN_AT_SEC: u64 = 4;
+/// The device whose port goes down, and the one whose frames are partly dropped.
+pub const HOST_DOWN_DEVICE: usize = 2;
+pub const HOST_LOSSY_DEVICE: usize = 1;
+/// Frames of the lossy device dropped at the bridge, in tenths.
+pub const HOST_DROP_TENTHS: u32 = 3;
 
 /// The service programs each service scenario runs, by the key used in its JSON.
 pub const SERVICE_PROGRAMS: [&str; 3] = ["rc_pingpong", "rping", "qp_churn"];

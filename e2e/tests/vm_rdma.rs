@@ -888,3 +888,106 @@ fn vm_rdma_agent_killed_with_9_leaves_no_qp_mr_pd_or_cq() {
         );
     }
 }
+
+// ------------------------------------------------------------------------- hostping
+
+fn hostping_findings(run: &Value, window: usize) -> Vec<(String, Vec<String>)> {
+    run["report"]["r2r"]["windows"][window]["findings"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|f| {
+                    let rnics = f["rnics"]
+                        .as_array()
+                        .map(|r| {
+                            r.iter()
+                                .map(|x| x.as_str().unwrap_or("").to_string())
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    (f["kind"].as_str().unwrap_or("").to_string(), rnics)
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// `rpingmesh-agent hostping --once` on four rxe devices of one "host" behind a bridge:
+/// the tree shows the four virtual RNICs, R2R probes every pair over real RDMA with no
+/// controller, a healthy host exits 0; one device's bridge port down gives that device a
+/// 100%-timeout finding (exit 1); a third of one device's frames dropped gives a
+/// sporadic one.
+#[test]
+fn vm_hostping_once_finds_a_down_and_a_lossy_rnic_by_r2r() {
+    if skip("vm_hostping_once_finds_a_down_and_a_lossy_rnic_by_r2r") {
+        return;
+    }
+    let v = scenario("hostping");
+    let healthy = &v["healthy"];
+    let report = &healthy["report"];
+    eprintln!(
+        "vm: hostping healthy: {}",
+        serde_json::to_string(&report["r2r"]).unwrap_or_default()
+    );
+    let rnics: BTreeSet<&str> = report["topology"]["rnics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r["name"].as_str())
+        .collect();
+    for d in HOST_DEVICES {
+        assert!(rnics.contains(d), "{d} missing from the tree: {rnics:?}");
+    }
+    let r2r = &report["r2r"];
+    assert_eq!(r2r["skipped"], Value::Null, "{r2r}");
+    assert_eq!(r2r["rnics"].as_array().unwrap().len(), 4);
+    // 4 RNICs x 10 probes/s for the run, give or take a slow TCG guest.
+    let probes = r2r["probes"].as_u64().unwrap();
+    assert!(
+        probes >= 4 * 10 * HOST_HEALTHY_SEC / 2,
+        "only {probes} probes"
+    );
+    assert!(r2r["timeouts"].as_u64().unwrap() * 20 < probes, "{r2r}");
+    assert_eq!(healthy["exit_code"], 0, "{report}");
+    assert!(healthy["recording_lines"].as_u64().unwrap() > 10);
+
+    let down = &v["port_down"];
+    let windows = down["report"]["r2r"]["windows"].as_array().unwrap().len();
+    eprintln!(
+        "vm: hostping port down: {}",
+        serde_json::to_string(&down["report"]["r2r"]).unwrap_or_default()
+    );
+    assert!(windows >= 3, "{windows} windows");
+    // The first window ends before the port goes down: nothing to say.
+    assert!(
+        hostping_findings(down, 0).is_empty(),
+        "{:?}",
+        hostping_findings(down, 0)
+    );
+    let dev = HOST_DEVICES[HOST_DOWN_DEVICE].to_string();
+    let last = hostping_findings(down, windows - 1);
+    assert_eq!(last, vec![("down".to_string(), vec![dev.clone()])]);
+    assert_eq!(down["exit_code"], 1);
+    let rate = down["report"]["r2r"]["windows"][windows - 1]["findings"][0]["timeout_rate"]
+        .as_f64()
+        .unwrap();
+    assert!(rate >= 0.99, "{rate}");
+
+    let lossy = &v["lossy"];
+    eprintln!(
+        "vm: hostping lossy: {}",
+        serde_json::to_string(&lossy["report"]["r2r"]).unwrap_or_default()
+    );
+    let last = hostping_findings(
+        lossy,
+        lossy["report"]["r2r"]["windows"].as_array().unwrap().len() - 1,
+    );
+    assert_eq!(
+        last,
+        vec![(
+            "sporadic".to_string(),
+            vec![HOST_DEVICES[HOST_LOSSY_DEVICE].to_string()]
+        )]
+    );
+    assert_eq!(lossy["exit_code"], 1);
+}

@@ -15,6 +15,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
+/// What the agent logs (info) once every RNIC's driver runs: R2R probing has begun.
+pub const STARTED_LOG: &str = "hostping R2R probing started";
+
 /// Probes to count before a pair is judged.
 pub const MIN_PAIR_PROBES: u64 = 3;
 

@@ -73,6 +73,7 @@ fn main() {
                 "service_kprobe" => service_tracing(&dir, "auto").await,
                 "service_uprobe" => service_tracing(&dir, "uprobe").await,
                 "rdma_faults" => rdma_faults(&dir).await,
+                "hostping" => hostping(&dir).await,
                 BENCH_SCENARIO => bench_rdma(&dir).await,
                 _ => bail!("unknown scenario"),
             }
@@ -1664,4 +1665,147 @@ async fn rdma_faults(dir: &Path) -> Result<Value> {
         "windows": windows,
         "logs": logs,
     }))
+}
+
+// ------------------------------------------------------------------------- hostping
+
+/// `rpingmesh-agent hostping --once` on the four devices: its JSON report and exit code.
+/// `during` runs once R2R probing has begun (the agent logs it), on this thread.
+fn hostping_run(
+    dir: &Path,
+    name: &str,
+    gid_index: u32,
+    secs: u64,
+    during: impl FnOnce() -> Result<()>,
+) -> Result<Value> {
+    let devices = HOST_DEVICES.join(",");
+    let record = dir.join(format!("{name}.sysfs"));
+    let args: Vec<String> = [
+        "hostping",
+        "--once",
+        "--json",
+        "--transport",
+        "rdma",
+        "--allowed-device-names",
+        &devices,
+        "--gid-index",
+        &gid_index.to_string(),
+        "--r2r-sec",
+        &secs.to_string(),
+        "--r2r-window-sec",
+        &HOST_WINDOW_SEC.to_string(),
+        "--log-level",
+        "info",
+        "--record",
+        &record.to_string_lossy(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let started = Instant::now();
+    let mut child = Command::new(bin(AGENT_BIN))
+        .args(&args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting rpingmesh-agent hostping")?;
+    // Stderr is read on a thread (it must not fill up); the marker line is signalled.
+    let stderr = child.stderr.take().context("hostping stderr")?;
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let reader = std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in BufReader::new(stderr).lines().map_while(|l| l.ok()) {
+            if line.contains(rpingmesh_hostping::r2r::STARTED_LOG) {
+                let _ = tx.send(());
+            }
+            all.push_str(&line);
+            all.push('\n');
+        }
+        all
+    });
+    let fault = match rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(()) => during(),
+        Err(_) => Err(anyhow::anyhow!("hostping {name}: R2R never started")),
+    };
+    let out = child.wait_with_output()?;
+    let log = reader.join().unwrap_or_default();
+    let _ = std::fs::write(dir.join(format!("{name}.stderr")), &log);
+    fault?;
+    let report: Value = serde_json::from_slice(&out.stdout).with_context(|| {
+        format!(
+            "hostping {name}: stdout is not JSON: {}; stderr: {}",
+            String::from_utf8_lossy(&out.stdout),
+            tail_lines(&log, 10)
+        )
+    })?;
+    Ok(json!({
+        "exit_code": out.status.code(),
+        "elapsed_ms": started.elapsed().as_millis() as u64,
+        "report": report,
+        "recording_lines": std::fs::read_to_string(&record).map(|t| t.lines().count()).unwrap_or(0),
+    }))
+}
+
+async fn hostping(dir: &Path) -> Result<Value> {
+    let table = bridged_rxe("brh", &HOST_NETDEVS, &HOST_IPS, &HOST_DEVICES, 40)?;
+    let gid_index = table[HOST_DEVICES[0]];
+    if HOST_DEVICES.iter().any(|d| table[*d] != gid_index) {
+        bail!("hostping devices disagree on the GID index of their address: {table:?}");
+    }
+    let mut v = json!({ "gid_index": gid_index });
+    v["healthy"] = hostping_run(dir, "healthy", gid_index, HOST_HEALTHY_SEC, || Ok(()))?;
+
+    // One device's bridge port down, HOST_DOWN_AT_SEC into the run, until it ends.
+    let port = format!("{}p", HOST_NETDEVS[HOST_DOWN_DEVICE]);
+    let down = hostping_run(dir, "port_down", gid_index, HOST_DOWN_RUN_SEC, || {
+        std::thread::sleep(Duration::from_secs(HOST_DOWN_AT_SEC));
+        sh(&["ip", "link", "set", &port, "down"]).map(|_| ())
+    });
+    sh(&["ip", "link", "set", &port, "up"])?;
+    v["port_down"] = down?;
+    // The device's port comes back ACTIVE within a few seconds (notes/rdma-vm.md).
+    let state = format!(
+        "/sys/class/infiniband/{}/ports/1/state",
+        HOST_DEVICES[HOST_DOWN_DEVICE]
+    );
+    let t = Instant::now();
+    while !std::fs::read_to_string(&state)
+        .unwrap_or_default()
+        .contains("ACTIVE")
+        && t.elapsed() < Duration::from_secs(20)
+    {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    // A share of the lossy device's RoCE frames dropped at the bridge, both ways.
+    let lossy = format!("{}p", HOST_NETDEVS[HOST_LOSSY_DEVICE]);
+    let ruleset = format!(
+        "table bridge hostping {{\n chain lossy {{\n  type filter hook forward priority 0; policy accept;\n  \
+         iifname \"{lossy}\" udp dport 4791 numgen random mod 10 < {HOST_DROP_TENTHS} drop\n  \
+         oifname \"{lossy}\" udp dport 4791 numgen random mod 10 < {HOST_DROP_TENTHS} drop\n }}\n}}\n"
+    );
+    nft_apply(&ruleset)?;
+    let lossy_run = hostping_run(dir, "lossy", gid_index, HOST_HEALTHY_SEC, || Ok(()));
+    let _ = sh(&["nft", "delete", "table", "bridge", "hostping"]);
+    v["lossy"] = lossy_run?;
+    Ok(v)
+}
+
+fn nft_apply(ruleset: &str) -> Result<()> {
+    let mut child = Command::new("nft")
+        .args(["-f", "-"])
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting nft")?;
+    child
+        .stdin
+        .take()
+        .context("nft stdin")?
+        .write_all(ruleset.as_bytes())?;
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        bail!("nft -f: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(())
 }

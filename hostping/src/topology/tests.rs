@@ -258,3 +258,33 @@ fn the_recorded_build_machine_reads_back() {
     assert!(!t.numa_nodes.is_empty());
     assert!(t.rnics.is_empty());
 }
+
+/// Recorded in the soft-RoCE VM by the hostping scenario (`--record`): four rxe devices
+/// on veths, virtual (no PCI function), each naming its netdev in `parent`.
+#[test]
+fn the_recorded_soft_roce_guest_reads_back_with_virtual_rnics() {
+    let rec = fixture("vm-rxe.sysfs");
+    let t = HostTopology::discover(&rec).unwrap();
+    let names: Vec<&str> = t.rnics.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(names, vec!["rxeh0", "rxeh1", "rxeh2", "rxeh3"]);
+    for (i, r) in t.rnics.iter().enumerate() {
+        assert_eq!(r.pci, None);
+        assert_eq!(r.netdevs, vec![format!("vh{i}")]);
+        assert_eq!(
+            (r.ports[0].state.as_str(), r.ports[0].rate_gbps),
+            ("ACTIVE", Some(10.0))
+        );
+    }
+    assert!(t.downgrades().is_empty());
+    let tree = t.render(&|_| None);
+    assert!(
+        tree.contains("virtual RDMA devices\n  rxeh0 netdev vh0 port 1 ACTIVE 10 Gb/s"),
+        "{tree}"
+    );
+    // rxe keeps driver counters only (no IB port counters): read, with no throughput.
+    let c = crate::hwmon::read_port(&rec, "rxeh0", 1);
+    assert!(
+        c.counters.contains_key("sent_pkts") && !c.counters.contains_key("port_xmit_data"),
+        "{c:?}"
+    );
+}
