@@ -6,34 +6,54 @@
 //!
 //! Usage: rpingmesh-hw-check [--port P] [--gid-index N[,M]] [--count N] [--interval-ms MS]
 //!        [DEVICE ...]
+//!        rpingmesh-hw-check --loopback [--port P] [--gid-index N] [--count N]
+//!        [--sizes B[,B...]] [--numa-node N] [DEVICE ...]
 //! (`--gid-index N,M`: the second endpoint on GID index M, e.g. two GIDs of one device;
 //! `--interval-ms` spaces the probes as an agent does; 0 = back to back.)
+//!
+//! `--loopback`: the hostping loopback test on each device instead: an RC QP connected
+//! to itself RDMA-WRITEs `--count` times (default 20) per size (default 1 and 262144
+//! bytes) between two regions (on NUMA node `--numa-node` if given); prints min, median
+//! and max post-to-completion times per size, Eq. 3's bandwidth from the medians of the
+//! smallest and largest sizes, and how long each setup verb took. GID index 1 by default
+//! (rxe's first RoCE v2 IPv4 GID).
 
 use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use rpingmesh_verbs::rdma::loopback::{run_loopback, LoopbackOptions, LoopbackResult};
 use rpingmesh_verbs::rdma::{self, sysfs, RdmaEndpoint, RdmaOptions};
 use rpingmesh_verbs::{Endpoint, SendId, SendParams, TransportEvent};
 
 struct Args {
     port: u8,
-    gid_index: u32,
+    /// Default 0 for the probe, 1 for `--loopback`.
+    gid_index: Option<u32>,
     /// GID index of the second endpoint (default: the same).
     peer_gid_index: Option<u32>,
     count: u32,
     interval_ms: u64,
     devices: Vec<String>,
+    loopback: bool,
+    /// `--sizes` (loopback; default 1 and 262144).
+    sizes: Option<Vec<usize>>,
+    numa_node: Option<u32>,
 }
+
+const USAGE: &str = "usage: rpingmesh-hw-check [--port P] [--gid-index N[,M]] [--count N] [--interval-ms MS] [DEVICE ...]\n       rpingmesh-hw-check --loopback [--port P] [--gid-index N] [--count N] [--sizes B[,B...]] [--numa-node N] [DEVICE ...]";
 
 fn parse_args(argv: impl IntoIterator<Item = String>) -> Result<Args, String> {
     let mut a = Args {
         port: 1,
-        gid_index: 0,
+        gid_index: None,
         peer_gid_index: None,
         count: 20,
         interval_ms: 0,
         devices: Vec::new(),
+        loopback: false,
+        sizes: None,
+        numa_node: None,
     };
     let mut it = argv.into_iter();
     while let Some(arg) = it.next() {
@@ -55,10 +75,10 @@ fn parse_args(argv: impl IntoIterator<Item = String>) -> Result<Args, String> {
                 };
                 match v.split_once(',') {
                     Some((x, y)) => {
-                        a.gid_index = idx(x)?;
+                        a.gid_index = Some(idx(x)?);
                         a.peer_gid_index = Some(idx(y)?);
                     }
-                    None => a.gid_index = idx(&v)?,
+                    None => a.gid_index = Some(idx(&v)?),
                 }
             }
             "--count" => {
@@ -67,12 +87,21 @@ fn parse_args(argv: impl IntoIterator<Item = String>) -> Result<Args, String> {
                     .max(1)
             }
             "--interval-ms" => a.interval_ms = num("--interval-ms")?.min(60_000),
-            "-h" | "--help" => {
-                return Err(
-                    "usage: rpingmesh-hw-check [--port P] [--gid-index N[,M]] [--count N] [--interval-ms MS] [DEVICE ...]"
-                        .into(),
+            "--loopback" => a.loopback = true,
+            "--numa-node" => {
+                a.numa_node = Some(
+                    u32::try_from(num("--numa-node")?)
+                        .map_err(|_| "--numa-node: out of range".to_string())?,
                 )
             }
+            "--sizes" => {
+                let v = it.next().ok_or("--sizes needs a value")?;
+                let sizes: Result<Vec<usize>, _> = v.split(',').map(str::parse).collect();
+                a.sizes = Some(
+                    sizes.map_err(|_| format!("--sizes: {v:?} is not a list of byte counts"))?,
+                );
+            }
+            "-h" | "--help" => return Err(USAGE.into()),
             s if s.starts_with('-') => return Err(format!("unknown option {s}")),
             d => a.devices.push(d.to_string()),
         }
@@ -88,6 +117,10 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if args.peer_gid_index.is_some() && args.loopback {
+        eprintln!("rpingmesh-hw-check: --loopback takes one GID index (the QP is its own peer)");
+        return ExitCode::from(2);
+    }
     let devices = match rdma::list_devices(&args.devices) {
         Ok(d) => d,
         Err(e) => {
@@ -95,7 +128,103 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    if args.loopback {
+        return loopback_report(&args, &devices);
+    }
     report(args, devices)
+}
+
+/// The loopback options `args` ask for on `device`.
+fn loopback_options(args: &Args, device: &str) -> LoopbackOptions {
+    let mut o = LoopbackOptions::new(device);
+    o.port = args.port;
+    o.gid_index = args.gid_index.unwrap_or(1);
+    o.samples = args.count;
+    o.numa_node = args.numa_node;
+    if let Some(s) = &args.sizes {
+        o.sizes = s.clone();
+    }
+    o
+}
+
+/// `--loopback`: runs the test on each device, stops at the first failure (exit 1).
+fn loopback_report(args: &Args, devices: &[String]) -> ExitCode {
+    for d in devices {
+        match run_loopback(&loopback_options(args, d)) {
+            Ok(r) => print!("{}", format_loopback(&r)),
+            Err(e) => {
+                eprintln!("rpingmesh-hw-check: loopback {d}: {e}");
+                return ExitCode::from(1);
+            }
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+/// The loopback table of one device.
+fn format_loopback(r: &LoopbackResult) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let place = match r.numa_node {
+        Some(n) => format!("memory bound to NUMA node {n}"),
+        None => "memory on the default NUMA policy".to_string(),
+    };
+    let _ = writeln!(
+        out,
+        "== {} loopback: RC QP {} -> itself, GID {}, {place}",
+        r.device, r.qpn, r.gid
+    );
+    let _ = writeln!(
+        out,
+        "   {:>10} {:>7} {:>12} {:>12} {:>12}",
+        "size_B", "samples", "min_ns", "median_ns", "max_ns"
+    );
+    let sums = r.summaries();
+    for s in &sums {
+        let _ = writeln!(
+            out,
+            "   {:>10} {:>7} {:>12} {:>12.0} {:>12}",
+            s.size, s.samples, s.min_ns, s.median_ns, s.max_ns
+        );
+    }
+    let small = sums.iter().min_by_key(|s| s.size);
+    let large = sums.iter().max_by_key(|s| s.size);
+    if let Some(s) = small {
+        let _ = writeln!(
+            out,
+            "   Eq.2 T_proc + Lat_host ({} B median): {:.2} us",
+            s.size,
+            s.median_ns / 1000.0
+        );
+    }
+    match (small, large) {
+        (Some(s), Some(l)) if l.size > s.size => match r.bandwidth_gbps() {
+            Some(bw) => {
+                let _ = writeln!(
+                    out,
+                    "   Eq.3 BW_host: {bw:.3} Gb/s = 8*({}-{}) bits / ({:.0}-{:.0}) ns",
+                    l.size, s.size, l.median_ns, s.median_ns
+                );
+            }
+            None => {
+                let _ = writeln!(
+                    out,
+                    "   Eq.3 BW_host: none ({} B median {:.0} ns is not above {} B median {:.0} ns)",
+                    l.size, l.median_ns, s.size, s.median_ns
+                );
+            }
+        },
+        _ => {
+            let _ = writeln!(out, "   Eq.3 BW_host: needs two sizes");
+        }
+    }
+    let verbs: Vec<String> = r
+        .verbs
+        .iter()
+        .map(|v| format!("{} {:.1} us", v.verb, v.micros))
+        .collect();
+    let _ = writeln!(out, "   verbs: {}", verbs.join(", "));
+    out
 }
 
 fn report(args: Args, devices: Vec<String>) -> ExitCode {
@@ -122,7 +251,7 @@ fn report(args: Args, devices: Vec<String>) -> ExitCode {
                             for line in sysfs::format_gid_table(p).lines() {
                                 println!("   {line}");
                             }
-                            if let Ok(e) = sysfs::select_gid(p, args.gid_index) {
+                            if let Ok(e) = sysfs::select_gid(p, args.gid_index.unwrap_or(0)) {
                                 if let Some(w) = sysfs::roce_v1_warning(p, e) {
                                     println!("   warning: {w}");
                                 }
@@ -159,8 +288,9 @@ fn report(args: Args, devices: Vec<String>) -> ExitCode {
         o.gid_index = gid_index;
         rdma::open_rdma_with(&o)
     };
-    let peer_gid = args.peer_gid_index.unwrap_or(args.gid_index);
-    let (a, b) = match (open(&da, args.gid_index), open(&db, peer_gid)) {
+    let gid_index = args.gid_index.unwrap_or(0);
+    let peer_gid = args.peer_gid_index.unwrap_or(gid_index);
+    let (a, b) = match (open(&da, gid_index), open(&db, peer_gid)) {
         (Ok(a), Ok(b)) => (a, b),
         (Err(e), _) | (_, Err(e)) => {
             eprintln!("rpingmesh-hw-check: loopback probe: {e}");
@@ -309,12 +439,13 @@ mod tests {
         .unwrap();
         assert_eq!(
             (a.port, a.gid_index, a.count, a.interval_ms),
-            (2, 3, 5, 100)
+            (2, Some(3), 5, 100)
         );
+        assert!(!a.loopback);
         assert_eq!(a.peer_gid_index, None);
         assert_eq!(a.devices, vec!["mlx5_0", "mlx5_1"]);
         let b = parse_args(argv("--gid-index 1,2 rxe0")).unwrap();
-        assert_eq!((b.gid_index, b.peer_gid_index), (1, Some(2)));
+        assert_eq!((b.gid_index, b.peer_gid_index), (Some(1), Some(2)));
         assert_eq!(
             parse_args(argv("--gid-index 1,x")).err().unwrap(),
             "--gid-index: \"1,x\" is not N or N,M"
@@ -336,6 +467,85 @@ mod tests {
             "unknown option --bogus"
         );
         assert_eq!(parse_args(argv("--count 0")).unwrap().count, 1);
+    }
+
+    #[test]
+    fn loopback_arguments() {
+        let a = parse_args(argv("--loopback rxe0")).unwrap();
+        assert!(a.loopback);
+        let o = loopback_options(&a, "rxe0");
+        assert_eq!(
+            (o.gid_index, o.port, o.samples, o.numa_node),
+            (1, 1, 20, None)
+        );
+        assert_eq!(o.sizes, vec![1, 262_144]);
+        let a = parse_args(argv(
+            "--loopback --gid-index 3 --port 2 --count 50 --numa-node 1 --sizes 1,4096,65536 mlx5_0",
+        ))
+        .unwrap();
+        let o = loopback_options(&a, "mlx5_0");
+        assert_eq!(
+            (o.gid_index, o.port, o.samples, o.numa_node),
+            (3, 2, 50, Some(1))
+        );
+        assert_eq!(o.sizes, vec![1, 4096, 65_536]);
+        o.validate().unwrap();
+        assert_eq!(
+            parse_args(argv("--sizes 1,x")).err().unwrap(),
+            "--sizes: \"1,x\" is not a list of byte counts"
+        );
+        assert_eq!(
+            parse_args(argv("--numa-node -1")).err().unwrap(),
+            "--numa-node: \"-1\" is not a number"
+        );
+    }
+
+    #[test]
+    fn loopback_table() {
+        use rpingmesh_verbs::rdma::loopback::VerbTiming;
+        let r = LoopbackResult {
+            device: "rxe0".into(),
+            numa_node: Some(0),
+            gid: "::ffff:198.18.9.1".parse().unwrap(),
+            qpn: 17,
+            per_size: vec![
+                (1, vec![3_000, 2_000, 4_000]),
+                (262_144, vec![22_971, 22_971, 50_000]),
+            ],
+            verbs: vec![
+                VerbTiming {
+                    verb: "ibv_create_qp",
+                    micros: 12.34,
+                },
+                VerbTiming {
+                    verb: "ibv_modify_qp(RTS)",
+                    micros: 5.0,
+                },
+            ],
+        };
+        let want = "\
+== rxe0 loopback: RC QP 17 -> itself, GID ::ffff:198.18.9.1, memory bound to NUMA node 0
+       size_B samples       min_ns    median_ns       max_ns
+            1       3         2000         3000         4000
+       262144       3        22971        22971        50000
+   Eq.2 T_proc + Lat_host (1 B median): 3.00 us
+   Eq.3 BW_host: 105.009 Gb/s = 8*(262144-1) bits / (22971-3000) ns
+   verbs: ibv_create_qp 12.3 us, ibv_modify_qp(RTS) 5.0 us
+";
+        assert_eq!(format_loopback(&r), want);
+        let mut slow = r.clone();
+        slow.per_size[1].1 = vec![1_000];
+        slow.numa_node = None;
+        let s = format_loopback(&slow);
+        assert!(s.contains("memory on the default NUMA policy"), "{s}");
+        assert!(
+            s.contains(
+                "Eq.3 BW_host: none (262144 B median 1000 ns is not above 1 B median 3000 ns)"
+            ),
+            "{s}"
+        );
+        slow.per_size.truncate(1);
+        assert!(format_loopback(&slow).contains("Eq.3 BW_host: needs two sizes"));
     }
 
     /// The binary's first step on this machine: the device list fails with the one line.

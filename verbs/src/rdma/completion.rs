@@ -16,6 +16,7 @@ pub const PAYLOAD_LEN: usize = 64;
 pub const WC_SUCCESS: u32 = 0;
 pub const WC_WR_FLUSH_ERR: u32 = 5;
 pub const WC_OPCODE_SEND: u32 = 0;
+pub const WC_OPCODE_RDMA_WRITE: u32 = 1;
 pub const WC_OPCODE_RECV: u32 = 128;
 pub const WC_FLAG_GRH: u32 = 1;
 

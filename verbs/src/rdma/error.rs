@@ -58,6 +58,10 @@ pub enum RdmaError {
     /// The device went away (fatal async event, or polling its CQ fails).
     #[error("rdma device {device}: device lost ({reason})")]
     DeviceLost { device: String, reason: String },
+    /// The loopback test (an RC QP writing to itself) failed: no completion in time, data
+    /// that did not arrive, memory that could not be placed.
+    #[error("rdma device {device}: loopback: {reason}")]
+    Loopback { device: String, reason: String },
     /// Configuration values the backend cannot use.
     #[error("rdma config: {0}")]
     Config(String),
@@ -156,6 +160,10 @@ mod tests {
             (
                 RdmaError::DeviceLost { device: "mlx5_0".into(), reason: "IBV_EVENT_DEVICE_FATAL".into() },
                 "rdma device mlx5_0: device lost (IBV_EVENT_DEVICE_FATAL)",
+            ),
+            (
+                RdmaError::Loopback { device: "rxe0".into(), reason: "RDMA WRITE of 1 B (sample 0) not completed within 2s".into() },
+                "rdma device rxe0: loopback: RDMA WRITE of 1 B (sample 0) not completed within 2s",
             ),
             (RdmaError::Config("recv_buffers=0 must be at least 1".into()), "rdma config: recv_buffers=0 must be at least 1"),
         ];

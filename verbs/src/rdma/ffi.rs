@@ -19,6 +19,7 @@ use rdma_sys::*;
 
 use super::completion::WcRecord;
 use super::error::{device_list_null_reason, RdmaError};
+use super::loopback::NodeMask;
 
 fn verbs_err(device: &str, call: &'static str, source: io::Error) -> RdmaError {
     RdmaError::Verbs {
@@ -615,11 +616,20 @@ impl Cq {
     }
 }
 
+/// Where a registered buffer came from (and how it is freed after deregistration).
+enum MrBuf {
+    /// A `Vec` leaked in `register`, reclaimed on drop.
+    Heap,
+    /// Caller-provided mapped memory (`register_host`), unmapped when the Mr drops it.
+    Host { _mem: HostMem },
+}
+
 /// Registered memory owning its buffer (never moved or freed while registered).
 pub struct Mr {
     mr: NonNull<ibv_mr>,
     buf: NonNull<u8>,
     len: usize,
+    kind: MrBuf,
     _pd: Arc<Pd>,
 }
 
@@ -629,10 +639,13 @@ unsafe impl Sync for Mr {}
 
 impl Drop for Mr {
     fn drop(&mut self) {
-        // SAFETY: deregister first, then free the buffer allocated in `register`.
+        // SAFETY: deregister first, then free the buffer (allocated in `register`, or the
+        // HostMem given to `register_host`, which unmaps itself when dropped with `self`).
         unsafe {
             ibv_dereg_mr(self.mr.as_ptr());
-            drop(Vec::from_raw_parts(self.buf.as_ptr(), self.len, self.len));
+            if let MrBuf::Heap = self.kind {
+                drop(Vec::from_raw_parts(self.buf.as_ptr(), self.len, self.len));
+            }
         }
     }
 }
@@ -659,6 +672,7 @@ impl Mr {
                 mr,
                 buf,
                 len,
+                kind: MrBuf::Heap,
                 _pd: pd.clone(),
             }),
             None => {
@@ -668,6 +682,52 @@ impl Mr {
                 Err(verbs_err(&pd.ctx.name, "ibv_reg_mr", e))
             }
         }
+    }
+
+    /// Registers mapped memory the caller placed (e.g. on a NUMA node) for local write,
+    /// and for remote write too when `remote_write` (the target of an RDMA WRITE). The Mr
+    /// owns `mem` from here on; on failure `mem` is unmapped.
+    pub fn register_host(pd: &Arc<Pd>, mem: HostMem, remote_write: bool) -> Result<Mr, RdmaError> {
+        let mut access = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE;
+        if remote_write {
+            access |= ibv_access_flags::IBV_ACCESS_REMOTE_WRITE;
+        }
+        // SAFETY: `mem` is a live mapping of `mem.len` bytes, kept alive by the Mr (it
+        // is moved into it below) until after ibv_dereg_mr.
+        let mr = unsafe {
+            ibv_reg_mr(
+                pd.pd.as_ptr(),
+                mem.ptr.as_ptr() as *mut libc::c_void,
+                mem.len,
+                access.0 as i32,
+            )
+        };
+        match NonNull::new(mr) {
+            Some(mr) => Ok(Mr {
+                mr,
+                buf: mem.ptr,
+                len: mem.len,
+                kind: MrBuf::Host { _mem: mem },
+                _pd: pd.clone(),
+            }),
+            None => Err(verbs_err(
+                &pd.ctx.name,
+                "ibv_reg_mr",
+                io::Error::last_os_error(),
+            )),
+        }
+    }
+
+    /// The key a peer (here: the QP itself) names this region with in an RDMA WRITE.
+    pub fn rkey(&self) -> u32 {
+        // SAFETY: valid registered MR.
+        unsafe { (*self.mr.as_ptr()).rkey }
+    }
+
+    /// The address of byte `off`, as an RDMA WRITE's remote address.
+    pub fn remote_addr(&self, off: usize) -> u64 {
+        assert!(off <= self.len, "MR offset out of bounds");
+        self.addr(off)
     }
 
     fn lkey(&self) -> u32 {
@@ -694,6 +754,121 @@ impl Mr {
         assert!(off + data.len() <= self.len, "MR write out of bounds");
         // SAFETY: bounds checked; the caller owns the slot (see `send`).
         unsafe { ptr::copy_nonoverlapping(data.as_ptr(), self.buf.as_ptr().add(off), data.len()) };
+    }
+}
+
+/// Page-aligned anonymous memory from mmap, optionally bound to one NUMA node with
+/// mbind(MPOL_BIND) before its pages are first touched. Unmapped on drop.
+pub struct HostMem {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: plain memory owned by this value; access goes through `Mr`'s checked copies.
+unsafe impl Send for HostMem {}
+unsafe impl Sync for HostMem {}
+
+impl Drop for HostMem {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `map`, unmapped once (a registered Mr drops its
+        // HostMem only after ibv_dereg_mr).
+        unsafe { libc::munmap(self.ptr.as_ptr() as *mut libc::c_void, self.len) };
+    }
+}
+
+/// `get_mempolicy` flags (linux/mempolicy.h; not in the libc crate): return the node
+/// of the page at `addr`.
+const MPOL_F_NODE: libc::c_ulong = 1;
+const MPOL_F_ADDR: libc::c_ulong = 2;
+
+impl HostMem {
+    /// Maps `len` bytes (rounded up to whole pages). With `bind`, binds the range to that
+    /// node (mbind MPOL_BIND) before touching it, touches every page so it is allocated
+    /// there, and checks with get_mempolicy that the first and last pages landed on the
+    /// node. Err is the reason, one line, naming the call and its errno.
+    pub fn map(len: usize, bind: Option<&NodeMask>) -> Result<HostMem, String> {
+        // SAFETY: sysconf has no preconditions.
+        let page = match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
+            p if p > 0 => p as usize,
+            _ => 4096,
+        };
+        let len = len.max(1).div_ceil(page) * page;
+        // SAFETY: a fresh private anonymous mapping; no existing memory is affected.
+        let p = unsafe {
+            libc::mmap(
+                ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(format!(
+                "mmap of {len} bytes failed: {}",
+                io::Error::last_os_error()
+            ));
+        }
+        let mem = HostMem {
+            ptr: NonNull::new(p as *mut u8).expect("mmap returned MAP_FAILED, not NULL"),
+            len,
+        };
+        if let Some(b) = bind {
+            // SAFETY: the range is our mapping; the mask outlives the call and holds
+            // `maxnode - 1` bits (the kernel reads one bit fewer than `maxnode`).
+            let r = unsafe {
+                libc::syscall(
+                    libc::SYS_mbind,
+                    p,
+                    len as libc::c_ulong,
+                    libc::MPOL_BIND as libc::c_ulong,
+                    b.words.as_ptr(),
+                    b.maxnode,
+                    0 as libc::c_ulong,
+                )
+            };
+            if r != 0 {
+                return Err(format!(
+                    "mbind(MPOL_BIND, node {}) of {len} bytes failed: {} (is node {} online? see /sys/devices/system/node; a single-node kernel has node 0 only)",
+                    b.node,
+                    io::Error::last_os_error(),
+                    b.node
+                ));
+            }
+        }
+        // Touch every page (writes zeros), so they are allocated now, under the policy.
+        // SAFETY: the whole range is our writable mapping.
+        unsafe { ptr::write_bytes(mem.ptr.as_ptr(), 0, len) };
+        if let Some(b) = bind {
+            for off in [0, len - page] {
+                let mut node: libc::c_int = -1;
+                // SAFETY: `node` is a local the call writes; the address is in our mapping.
+                let r = unsafe {
+                    libc::syscall(
+                        libc::SYS_get_mempolicy,
+                        &mut node as *mut libc::c_int,
+                        ptr::null_mut::<libc::c_ulong>(),
+                        0 as libc::c_ulong,
+                        mem.ptr.as_ptr().add(off),
+                        MPOL_F_NODE | MPOL_F_ADDR,
+                    )
+                };
+                if r != 0 {
+                    return Err(format!(
+                        "get_mempolicy(MPOL_F_NODE|MPOL_F_ADDR) failed: {}",
+                        io::Error::last_os_error()
+                    ));
+                }
+                if node < 0 || node as u32 != b.node {
+                    return Err(format!(
+                        "memory bound to NUMA node {} landed on node {node} (byte {off})",
+                        b.node
+                    ));
+                }
+            }
+        }
+        Ok(mem)
     }
 }
 
@@ -826,6 +1001,100 @@ impl Qp {
         Ok(me)
     }
 
+    /// An RC QP, left in RESET, with `send_wr` send slots of one SGE each (and one
+    /// receive slot: an RDMA WRITE without immediate consumes no receive). Bring it up
+    /// with `modify_to_init_rc`, `modify_to_rtr_rc` and `modify_to_rts_rc`.
+    pub fn create_rc(pd: &Arc<Pd>, cq: &Arc<Cq>, send_wr: u32) -> Result<Qp, RdmaError> {
+        let name = pd.ctx.name.clone();
+        // SAFETY: zeroed plain struct, filled below; the call copies it.
+        let mut init: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        init.send_cq = cq.as_cq();
+        init.recv_cq = cq.as_cq();
+        init.qp_type = ibv_qp_type::IBV_QPT_RC;
+        init.sq_sig_all = 0;
+        init.cap.max_send_wr = send_wr.max(1);
+        init.cap.max_recv_wr = 1;
+        init.cap.max_send_sge = 1;
+        init.cap.max_recv_sge = 1;
+        // SAFETY: valid PD and CQ (kept alive by the Arcs the QP holds).
+        let p = unsafe { ibv_create_qp(pd.pd.as_ptr(), &mut init) };
+        let qp = NonNull::new(p)
+            .ok_or_else(|| verbs_err(&name, "ibv_create_qp", io::Error::last_os_error()))?;
+        // SAFETY: valid QP.
+        let qpn = unsafe { (*qp.as_ptr()).qp_num };
+        Ok(Qp {
+            qp,
+            qpn,
+            name,
+            _cq: cq.clone(),
+            _pd: pd.clone(),
+        })
+    }
+
+    /// RC RESET -> INIT on `port`, accepting remote writes (and local writes).
+    pub fn modify_to_init_rc(&self, port: u8) -> Result<(), RdmaError> {
+        // SAFETY: zeroed plain struct, filled below.
+        let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = ibv_qp_state::IBV_QPS_INIT;
+        a.pkey_index = 0;
+        a.port_num = port;
+        a.qp_access_flags = (ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
+            | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE)
+            .0 as _;
+        let mask = ibv_qp_attr_mask::IBV_QP_STATE
+            | ibv_qp_attr_mask::IBV_QP_PKEY_INDEX
+            | ibv_qp_attr_mask::IBV_QP_PORT
+            | ibv_qp_attr_mask::IBV_QP_ACCESS_FLAGS;
+        self.modify(&mut a, mask, "ibv_modify_qp(INIT)")
+    }
+
+    /// RC INIT -> RTR, connected to `peer` (RoCE: a global route to the peer's GID).
+    pub fn modify_to_rtr_rc(&self, peer: &RcPeer) -> Result<(), RdmaError> {
+        // SAFETY: zeroed plain struct (the AH attribute included), filled below.
+        let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = ibv_qp_state::IBV_QPS_RTR;
+        a.path_mtu = mtu_enum(peer.path_mtu_bytes) as _;
+        a.dest_qp_num = peer.qpn;
+        a.rq_psn = 0;
+        a.max_dest_rd_atomic = 1;
+        a.min_rnr_timer = 12;
+        a.ah_attr.is_global = 1;
+        a.ah_attr.grh.dgid = ibv_gid {
+            raw: peer.gid.octets(),
+        };
+        a.ah_attr.grh.sgid_index = peer.sgid_index;
+        a.ah_attr.grh.hop_limit = 64;
+        a.ah_attr.sl = 0;
+        a.ah_attr.port_num = peer.port;
+        let mask = ibv_qp_attr_mask::IBV_QP_STATE
+            | ibv_qp_attr_mask::IBV_QP_AV
+            | ibv_qp_attr_mask::IBV_QP_PATH_MTU
+            | ibv_qp_attr_mask::IBV_QP_DEST_QPN
+            | ibv_qp_attr_mask::IBV_QP_RQ_PSN
+            | ibv_qp_attr_mask::IBV_QP_MAX_DEST_RD_ATOMIC
+            | ibv_qp_attr_mask::IBV_QP_MIN_RNR_TIMER;
+        self.modify(&mut a, mask, "ibv_modify_qp(RTR)")
+    }
+
+    /// RC RTR -> RTS (retry counts and timeout as perftest's defaults).
+    pub fn modify_to_rts_rc(&self) -> Result<(), RdmaError> {
+        // SAFETY: zeroed plain struct, filled below.
+        let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = ibv_qp_state::IBV_QPS_RTS;
+        a.sq_psn = 0;
+        a.timeout = 14;
+        a.retry_cnt = 7;
+        a.rnr_retry = 7;
+        a.max_rd_atomic = 1;
+        let mask = ibv_qp_attr_mask::IBV_QP_STATE
+            | ibv_qp_attr_mask::IBV_QP_SQ_PSN
+            | ibv_qp_attr_mask::IBV_QP_TIMEOUT
+            | ibv_qp_attr_mask::IBV_QP_RETRY_CNT
+            | ibv_qp_attr_mask::IBV_QP_RNR_RETRY
+            | ibv_qp_attr_mask::IBV_QP_MAX_QP_RD_ATOMIC;
+        self.modify(&mut a, mask, "ibv_modify_qp(RTS)")
+    }
+
     fn modify(
         &self,
         a: &mut ibv_qp_attr,
@@ -916,6 +1185,70 @@ impl Qp {
     }
 }
 
+impl Qp {
+    #[allow(clippy::too_many_arguments)]
+    /// Posts one signalled RDMA WRITE of `mr[off..off+len]` to `remote_addr` (`rkey`) on
+    /// the connected peer (an RC QP).
+    pub fn post_send_rdma_write(
+        &self,
+        mr: &Mr,
+        off: usize,
+        len: usize,
+        remote_addr: u64,
+        rkey: u32,
+        wr_id: u64,
+    ) -> Result<(), RdmaError> {
+        assert!(off + len <= mr.len, "write source outside its MR");
+        let mut sge = ibv_sge {
+            addr: mr.addr(off),
+            length: u32::try_from(len).expect("RDMA WRITE length fits in u32"),
+            lkey: mr.lkey(),
+        };
+        // SAFETY: zeroed plain struct (unions included), filled below.
+        let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = wr_id;
+        wr.sg_list = &mut sge;
+        wr.num_sge = 1;
+        wr.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE;
+        wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
+        wr.wr.rdma = rdma_t { remote_addr, rkey };
+        let mut bad = ptr::null_mut();
+        // SAFETY: the WR and SGE live across the call (the provider copies them); the
+        // source buffer belongs to `mr`, which the caller keeps until the completion.
+        let r = unsafe { ibv_post_send(self.qp.as_ptr(), &mut wr, &mut bad) };
+        rc(&self.name, "ibv_post_send", r)
+    }
+}
+
+/// The remote end of an RC connection (for a loopback: the QP itself).
+#[derive(Debug, Clone, Copy)]
+pub struct RcPeer {
+    pub qpn: u32,
+    pub gid: Ipv6Addr,
+    /// Our GID index, the source of the route.
+    pub sgid_index: u8,
+    pub port: u8,
+    pub path_mtu_bytes: usize,
+}
+
+/// `enum ibv_mtu` for a path MTU in bytes (256 -> 1 ... 4096 -> 5; others round down,
+/// clamped to that range).
+fn mtu_enum(bytes: usize) -> u32 {
+    let mut code = 1;
+    while code < 5 && (128usize << (code + 1)) <= bytes {
+        code += 1;
+    }
+    code
+}
+
+/// `ibv_wc_status_str`: libibverbs' text for a completion status.
+pub fn wc_status_str(status: u32) -> String {
+    // SAFETY: ibv_wc_status_str returns a static NUL-terminated string for any value.
+    unsafe { CStr::from_ptr(ibv_wc_status_str(status as _)) }
+        .to_string_lossy()
+        .into_owned()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -929,6 +1262,10 @@ mod tests {
             ibv_wc_status::IBV_WC_WR_FLUSH_ERR as u32
         );
         assert_eq!(c::WC_OPCODE_SEND, ibv_wc_opcode::IBV_WC_SEND as u32);
+        assert_eq!(
+            c::WC_OPCODE_RDMA_WRITE,
+            ibv_wc_opcode::IBV_WC_RDMA_WRITE as u32
+        );
         assert_eq!(c::WC_OPCODE_RECV, ibv_wc_opcode::IBV_WC_RECV as u32);
         assert_eq!(c::WC_FLAG_GRH, ibv_wc_flags::IBV_WC_GRH.0);
         for s in 0..=ibv_wc_status::IBV_WC_TM_RNDV_INCOMPLETE {
@@ -966,6 +1303,58 @@ mod tests {
         assert!(!async_event_is_fatal(EVENT_PORT_ACTIVE));
         assert!(async_event_has_port(EVENT_PORT_ERR) && async_event_has_port(EVENT_GID_CHANGE));
         assert!(!async_event_has_port(EVENT_DEVICE_FATAL));
+    }
+
+    #[test]
+    fn mtu_codes_match_libibverbs() {
+        assert_eq!(mtu_enum(256), ibv_mtu::IBV_MTU_256 as u32);
+        assert_eq!(mtu_enum(512), ibv_mtu::IBV_MTU_512 as u32);
+        assert_eq!(mtu_enum(1024), ibv_mtu::IBV_MTU_1024 as u32);
+        assert_eq!(mtu_enum(2048), ibv_mtu::IBV_MTU_2048 as u32);
+        assert_eq!(mtu_enum(4096), ibv_mtu::IBV_MTU_4096 as u32);
+        assert_eq!(mtu_enum(1500), ibv_mtu::IBV_MTU_1024 as u32);
+        assert_eq!(mtu_enum(9000), ibv_mtu::IBV_MTU_4096 as u32);
+        assert_eq!(mtu_enum(0), ibv_mtu::IBV_MTU_256 as u32);
+        assert_eq!(wc_status_str(0), "success");
+        assert_eq!(
+            wc_status_str(ibv_wc_status::IBV_WC_REM_ACCESS_ERR as u32),
+            "remote access error"
+        );
+    }
+
+    #[test]
+    fn host_memory_maps_and_unmaps() {
+        let m = HostMem::map(5000, None).unwrap();
+        assert_eq!(m.len % 4096, 0);
+        assert!(m.len >= 5000);
+        // SAFETY: reading our own zero-filled mapping.
+        assert!(unsafe { std::slice::from_raw_parts(m.ptr.as_ptr(), m.len) }
+            .iter()
+            .all(|&b| b == 0));
+    }
+
+    /// Node 0 binds where the kernel has NUMA (and the pages are checked to be there);
+    /// a node that does not exist fails with the one line naming mbind and the node.
+    #[test]
+    fn host_memory_binds_or_says_why() {
+        match HostMem::map(3 * 4096, Some(&NodeMask::single(0))) {
+            Ok(m) => assert_eq!(m.len, 3 * 4096),
+            Err(e) => assert!(
+                e.starts_with("mbind(MPOL_BIND, node 0) of 12288 bytes failed: "),
+                "{e}"
+            ),
+        }
+        let e = HostMem::map(4096, Some(&NodeMask::single(1023)))
+            .err()
+            .unwrap();
+        assert!(
+            e.starts_with("mbind(MPOL_BIND, node 1023) of 4096 bytes failed: "),
+            "{e}"
+        );
+        assert!(
+            e.contains("is node 1023 online?") && !e.contains('\n'),
+            "{e}"
+        );
     }
 
     /// On this machine (no RDMA in the kernel) the device list fails with the clear line.

@@ -4,7 +4,8 @@
 //! Everything that needs no hardware is always compiled and unit-tested: sysfs GID tables
 //! and port state ([`sysfs`]), the address-handle LRU ([`ah_cache`]), NIC tick conversion
 //! ([`nic_clock`]), completion-to-event translation ([`completion`]), the poller-to-agent
-//! queue ([`ring`]) and every error message ([`error`]). The libibverbs layer (rdma-sys,
+//! queue ([`ring`]), every error message ([`error`]) and the pure half of the hostping
+//! loopback test ([`loopback`]: options, NUMA node masks, summaries, Eq. 3). The libibverbs layer (rdma-sys,
 //! RAII wrappers, the poller thread) needs cargo feature `rdma`; without it
 //! [`open_rdma`] returns `VerbsError::RdmaNotBuilt`.
 
@@ -12,6 +13,7 @@ pub mod ah_cache;
 pub mod ah_table;
 pub mod completion;
 pub mod error;
+pub mod loopback;
 pub mod nic_clock;
 pub mod ring;
 pub mod sysfs;

@@ -1,0 +1,539 @@
+//! Hostping loopback tests, verbs side (Hostping, TNET 2024): an RNIC writes from a read
+//! region to a write region through an RC QP connected to itself (destination QPN = its
+//! own, destination GID = its own). The time from `ibv_post_send` (a signalled RDMA WRITE)
+//! until its completion is polled is `Lat = T_proc + Lat_host + Size / BW_host` (Eq. 1):
+//! 1-byte writes give `T_proc + Lat_host` (Eq. 2), 256 KiB writes give the bandwidth from
+//! the difference (Eq. 3). Setting the test up also times the verbs themselves ("verb
+//! health": `ibv_reg_mr`, QP creation, each state transition).
+//!
+//! The results are raw nanoseconds per sample; [`SizeSummary`] and [`bandwidth_gbps`]
+//! are the small helpers `rpingmesh-hw-check --loopback` prints with (the hostping crate
+//! owns the diagnosis). Everything here but [`run_loopback`] is pure and always compiled.
+
+use std::net::Ipv6Addr;
+use std::time::Duration;
+
+use super::error::RdmaError;
+
+/// The paper's two sizes: 1 byte (Eq. 2) and 256 KiB (enough for a 200 Gb/s RNIC).
+pub const DEFAULT_SIZES: [usize; 2] = [1, 256 * 1024];
+/// Largest message accepted (an SGE length is a u32; RNICs allow up to 1-2 GiB).
+pub const MAX_SIZE: usize = 1 << 30;
+/// Highest NUMA node a mask can name (x86 kernels: MAX_NUMNODES = 1 << NODES_SHIFT <= 1024).
+pub const MAX_NUMA_NODE: u32 = 1023;
+
+/// What to test on one RNIC.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoopbackOptions {
+    pub device: String,
+    /// Physical port (1-based).
+    pub port: u8,
+    /// GID table index the QP routes with (1 on rxe: the first RoCE v2 IPv4 GID).
+    pub gid_index: u32,
+    /// Message sizes in bytes, tested in this order.
+    pub sizes: Vec<usize>,
+    /// Writes per size.
+    pub samples: u32,
+    /// Place both regions on this NUMA node (mbind MPOL_BIND); None = default policy.
+    pub numa_node: Option<u32>,
+    /// Bound on each write's completion (busy polling stops there with an error).
+    pub timeout: Duration,
+}
+
+impl LoopbackOptions {
+    pub fn new(device: &str) -> LoopbackOptions {
+        LoopbackOptions {
+            device: device.to_string(),
+            port: 1,
+            gid_index: 1,
+            sizes: DEFAULT_SIZES.to_vec(),
+            samples: 20,
+            numa_node: None,
+            timeout: Duration::from_secs(2),
+        }
+    }
+
+    /// Rejects values the test cannot run with, naming the key.
+    pub fn validate(&self) -> Result<(), RdmaError> {
+        let bad = |m: String| Err(RdmaError::Config(format!("loopback: {m}")));
+        if self.device.is_empty() {
+            return bad("device name is empty".into());
+        }
+        if self.port == 0 {
+            return bad("port=0 is invalid (ports are numbered from 1)".into());
+        }
+        if self.gid_index > 255 {
+            return bad(format!(
+                "gid_index={} is out of range 0-255",
+                self.gid_index
+            ));
+        }
+        if self.sizes.is_empty() {
+            return bad("no message sizes".into());
+        }
+        if let Some(s) = self.sizes.iter().find(|&&s| s == 0 || s > MAX_SIZE) {
+            return bad(format!("size {s} is out of range 1-{MAX_SIZE}"));
+        }
+        if self.samples == 0 {
+            return bad("samples=0 must be at least 1".into());
+        }
+        if let Some(n) = self.numa_node.filter(|&n| n > MAX_NUMA_NODE) {
+            return bad(format!("numa_node={n} is out of range 0-{MAX_NUMA_NODE}"));
+        }
+        if self.timeout.is_zero() {
+            return bad("timeout=0 must be positive".into());
+        }
+        Ok(())
+    }
+
+    /// Bytes of each region: the largest message.
+    pub fn region_len(&self) -> usize {
+        self.sizes.iter().copied().max().unwrap_or(1)
+    }
+}
+
+/// How long one verb took (microseconds, CLOCK_MONOTONIC around the call).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct VerbTiming {
+    /// The call, as named in errors: "ibv_open_device", "ibv_alloc_pd", "ibv_create_cq",
+    /// "ibv_reg_mr (read region)", "ibv_reg_mr (write region)", "ibv_create_qp",
+    /// "ibv_modify_qp(INIT)", "ibv_modify_qp(RTR)", "ibv_modify_qp(RTS)".
+    pub verb: &'static str,
+    pub micros: f64,
+}
+
+/// What one loopback run measured.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoopbackResult {
+    pub device: String,
+    /// The node both regions were bound to (checked with get_mempolicy), if asked.
+    pub numa_node: Option<u32>,
+    /// The GID the QP is connected to (its own) and its QPN (its own destination).
+    pub gid: Ipv6Addr,
+    pub qpn: u32,
+    /// Per size, in `sizes` order: post-to-completion times (ns), one per sample.
+    pub per_size: Vec<(usize, Vec<u64>)>,
+    /// Setup verbs in call order.
+    pub verbs: Vec<VerbTiming>,
+}
+
+impl LoopbackResult {
+    /// Min/median/max per size, in `per_size` order.
+    pub fn summaries(&self) -> Vec<SizeSummary> {
+        self.per_size
+            .iter()
+            .filter_map(|(size, ns)| SizeSummary::of(*size, ns))
+            .collect()
+    }
+
+    /// Eq. 3 between the smallest and the largest size (medians), Gb/s.
+    pub fn bandwidth_gbps(&self) -> Option<f64> {
+        let s = self.summaries();
+        let small = s.iter().min_by_key(|x| x.size)?;
+        let large = s.iter().max_by_key(|x| x.size)?;
+        bandwidth_gbps(small, large)
+    }
+}
+
+/// Completion times of one size.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SizeSummary {
+    pub size: usize,
+    pub samples: usize,
+    pub min_ns: u64,
+    /// The middle sample (the mean of the two middle ones for an even count).
+    pub median_ns: f64,
+    pub max_ns: u64,
+}
+
+impl SizeSummary {
+    /// None for no samples.
+    pub fn of(size: usize, samples_ns: &[u64]) -> Option<SizeSummary> {
+        let mut v = samples_ns.to_vec();
+        v.sort_unstable();
+        let n = v.len();
+        let median_ns = match n {
+            0 => return None,
+            n if n % 2 == 1 => v[n / 2] as f64,
+            n => (v[n / 2 - 1] as f64 + v[n / 2] as f64) / 2.0,
+        };
+        Some(SizeSummary {
+            size,
+            samples: n,
+            min_ns: v[0],
+            median_ns,
+            max_ns: v[n - 1],
+        })
+    }
+}
+
+/// Eq. 3: `BW_host = 8 * (large - small) bits / (t_large - t_small) ns`, in Gb/s (bits per
+/// ns). None when the sizes are not increasing or the larger write was not slower (a
+/// timing that says nothing about bandwidth).
+pub fn bandwidth_gbps(small: &SizeSummary, large: &SizeSummary) -> Option<f64> {
+    let bytes = large.size.checked_sub(small.size).filter(|&b| b > 0)?;
+    let dt = large.median_ns - small.median_ns;
+    (dt > 0.0).then(|| bytes as f64 * 8.0 / dt)
+}
+
+/// A one-node mask for mbind(2): `words` is the bitmap (bit `node` set), `maxnode` the
+/// value to pass (the kernel reads `maxnode - 1` bits, so one more than the bitmap holds,
+/// as libnuma does).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeMask {
+    pub node: u32,
+    pub words: Vec<libc::c_ulong>,
+    pub maxnode: libc::c_ulong,
+}
+
+impl NodeMask {
+    pub fn single(node: u32) -> NodeMask {
+        let bits = libc::c_ulong::BITS;
+        let mut words = vec![0; (node / bits) as usize + 1];
+        words[(node / bits) as usize] = 1 << (node % bits);
+        let maxnode = (words.len() as u32 * bits + 1) as libc::c_ulong;
+        NodeMask {
+            node,
+            words,
+            maxnode,
+        }
+    }
+}
+
+/// The bytes written for the `seed`-th size: never zero (the write region is zeroed
+/// before), and different for each seed, so stale data from a previous size or a write
+/// that never happened cannot pass the check.
+pub fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (((i as u64).wrapping_mul(31) + seed as u64 * 7) % 255) as u8 + 1)
+        .collect()
+}
+
+/// The first byte where `got` differs from `want` (or where one ends before the other).
+pub fn first_mismatch(want: &[u8], got: &[u8]) -> Option<usize> {
+    want.iter()
+        .zip(got)
+        .position(|(a, b)| a != b)
+        .or_else(|| (want.len() != got.len()).then(|| want.len().min(got.len())))
+}
+
+/// Runs the loopback test on `o.device`: opens it, places two regions of the largest
+/// size (on `o.numa_node` when given), connects an RC QP to itself, and for each size
+/// times `o.samples` signalled RDMA WRITEs from the read region to the write region. The
+/// first write of each size is checked byte for byte. Any failure is one line naming the
+/// call and its errno, the completion status, or what did not arrive.
+#[cfg(feature = "rdma")]
+pub fn run_loopback(o: &LoopbackOptions) -> Result<LoopbackResult, RdmaError> {
+    use std::path::Path;
+    use std::time::Instant;
+
+    use super::completion::{wc_status_name, WcRecord, WC_OPCODE_RDMA_WRITE, WC_SUCCESS};
+    use super::ffi::{self, Context, Cq, HostMem, Mr, Pd, Qp, RcPeer};
+    use super::sysfs;
+
+    o.validate()?;
+    let dev = o.device.as_str();
+    let fail = |reason: String| RdmaError::Loopback {
+        device: dev.to_string(),
+        reason,
+    };
+    // Device list first: on a host without RDMA this is the one clear line.
+    let found = ffi::device_names()?;
+    if !found.iter().any(|d| d == dev) {
+        return Err(RdmaError::NoAllowedDevice {
+            allowed: vec![dev.to_string()],
+            found,
+        });
+    }
+    let class = Path::new(sysfs::SYSFS_CLASS_DIR);
+    let port = sysfs::read_port(class, dev, o.port as u32)?;
+    sysfs::check_port_active(&port)?;
+    let gid = sysfs::select_gid(&port, o.gid_index)?.gid;
+
+    let mut verbs = Vec::new();
+    fn timed<T>(
+        verbs: &mut Vec<VerbTiming>,
+        verb: &'static str,
+        f: impl FnOnce() -> Result<T, RdmaError>,
+    ) -> Result<T, RdmaError> {
+        let t = Instant::now();
+        let v = f()?;
+        verbs.push(VerbTiming {
+            verb,
+            micros: t.elapsed().as_nanos() as f64 / 1000.0,
+        });
+        Ok(v)
+    }
+
+    // Memory before any verb: a placement failure is not the RNIC's.
+    let mask = o.numa_node.map(NodeMask::single);
+    let len = o.region_len();
+    let map = |region: &str| {
+        HostMem::map(len, mask.as_ref()).map_err(|r| fail(format!("{region} region: {r}")))
+    };
+    let (read_mem, write_mem) = (map("read")?, map("write")?);
+
+    let ctx = timed(&mut verbs, "ibv_open_device", || Context::open(dev))?;
+    let verbs_gid = ctx.query_gid(o.port, o.gid_index)?;
+    if verbs_gid != gid {
+        return Err(fail(format!(
+            "GID {gid} at index {} in sysfs differs from ibv_query_gid's {verbs_gid}; GID table changed, retry",
+            o.gid_index
+        )));
+    }
+    let mtu = ctx.active_mtu_bytes(o.port)?;
+    let pd = timed(&mut verbs, "ibv_alloc_pd", || Pd::alloc(&ctx))?;
+    let cq = timed(&mut verbs, "ibv_create_cq", || {
+        Cq::create_plain(&ctx, 4, None)
+    })?;
+    let read_mr = timed(&mut verbs, "ibv_reg_mr (read region)", || {
+        Mr::register_host(&pd, read_mem, false)
+    })?;
+    let write_mr = timed(&mut verbs, "ibv_reg_mr (write region)", || {
+        Mr::register_host(&pd, write_mem, true)
+    })?;
+    // Declared after the MRs, so it is destroyed before they are deregistered.
+    let qp = timed(&mut verbs, "ibv_create_qp", || Qp::create_rc(&pd, &cq, 1))?;
+    let qpn = qp.qpn();
+    let me = RcPeer {
+        qpn,
+        gid,
+        sgid_index: o.gid_index as u8,
+        port: o.port,
+        path_mtu_bytes: mtu,
+    };
+    timed(&mut verbs, "ibv_modify_qp(INIT)", || {
+        qp.modify_to_init_rc(o.port)
+    })?;
+    timed(&mut verbs, "ibv_modify_qp(RTR)", || {
+        qp.modify_to_rtr_rc(&me)
+    })?;
+    timed(&mut verbs, "ibv_modify_qp(RTS)", || qp.modify_to_rts_rc())?;
+
+    let (remote_addr, rkey) = (write_mr.remote_addr(0), write_mr.rkey());
+    let mut wcs: Vec<(WcRecord, Option<u64>)> = Vec::with_capacity(4);
+    let mut wr_id = 0u64;
+    let mut per_size = Vec::with_capacity(o.sizes.len());
+    for (i, &size) in o.sizes.iter().enumerate() {
+        let want = pattern(i as u8, size);
+        read_mr.write(0, &want);
+        write_mr.write(0, &vec![0u8; size]);
+        let mut samples = Vec::with_capacity(o.samples as usize);
+        for s in 0..o.samples {
+            wr_id += 1;
+            let what = || format!("RDMA WRITE of {size} B (sample {s})");
+            let t0 = Instant::now();
+            qp.post_send_rdma_write(&read_mr, 0, size, remote_addr, rkey, wr_id)?;
+            // Busy polling, as the paper does: the completion is seen the moment the CQ
+            // has it, with no event-channel wake-up in the measurement. Bounded by
+            // `o.timeout` per write (sizes x samples writes in all), so a QP that never
+            // completes costs one core for at most that long before the error.
+            let deadline = t0 + o.timeout;
+            let (rec, ns) = loop {
+                wcs.clear();
+                if cq.poll(1, &mut wcs)? == 1 {
+                    break (wcs[0].0, t0.elapsed().as_nanos() as u64);
+                }
+                if Instant::now() >= deadline {
+                    return Err(fail(format!(
+                        "{} not completed within {:?} (RC QP {qpn} connected to itself over GID {gid})",
+                        what(),
+                        o.timeout
+                    )));
+                }
+                std::hint::spin_loop();
+            };
+            if rec.status != WC_SUCCESS {
+                return Err(RdmaError::QpError {
+                    device: dev.to_string(),
+                    qpn,
+                    reason: format!(
+                        "{} completed with status {} {} ({})",
+                        what(),
+                        rec.status,
+                        wc_status_name(rec.status),
+                        ffi::wc_status_str(rec.status)
+                    ),
+                });
+            }
+            if rec.wr_id != wr_id || rec.opcode != WC_OPCODE_RDMA_WRITE {
+                return Err(fail(format!(
+                    "{}: unexpected completion (wr_id {} opcode {}, expected wr_id {wr_id} opcode {WC_OPCODE_RDMA_WRITE})",
+                    what(),
+                    rec.wr_id,
+                    rec.opcode
+                )));
+            }
+            if s == 0 {
+                let mut got = vec![0u8; size];
+                write_mr.read(0, &mut got);
+                if let Some(at) = first_mismatch(&want, &got) {
+                    return Err(fail(format!(
+                        "{} completed but the data did not arrive: write region byte {at} is {:#04x}, expected {:#04x}",
+                        what(),
+                        got[at],
+                        want[at]
+                    )));
+                }
+            }
+            samples.push(ns);
+        }
+        per_size.push((size, samples));
+    }
+    Ok(LoopbackResult {
+        device: dev.to_string(),
+        numa_node: o.numa_node,
+        gid,
+        qpn,
+        per_size,
+        verbs,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_the_papers() {
+        let o = LoopbackOptions::new("rxe0");
+        o.validate().unwrap();
+        assert_eq!(o.sizes, vec![1, 262_144]);
+        assert_eq!((o.port, o.gid_index, o.samples), (1, 1, 20));
+        assert_eq!(o.region_len(), 262_144);
+    }
+
+    #[test]
+    fn option_validation_names_the_key() {
+        let ok = LoopbackOptions::new("mlx5_0");
+        type Mutate = Box<dyn Fn(&mut LoopbackOptions)>;
+        let cases: Vec<(Mutate, &str)> = vec![
+            (
+                Box::new(|o| o.device.clear()),
+                "rdma config: loopback: device name is empty",
+            ),
+            (
+                Box::new(|o| o.port = 0),
+                "rdma config: loopback: port=0 is invalid (ports are numbered from 1)",
+            ),
+            (
+                Box::new(|o| o.gid_index = 300),
+                "rdma config: loopback: gid_index=300 is out of range 0-255",
+            ),
+            (
+                Box::new(|o| o.sizes.clear()),
+                "rdma config: loopback: no message sizes",
+            ),
+            (
+                Box::new(|o| o.sizes = vec![1, 0]),
+                "rdma config: loopback: size 0 is out of range 1-1073741824",
+            ),
+            (
+                Box::new(|o| o.sizes = vec![(1 << 30) + 1]),
+                "rdma config: loopback: size 1073741825 is out of range 1-1073741824",
+            ),
+            (
+                Box::new(|o| o.samples = 0),
+                "rdma config: loopback: samples=0 must be at least 1",
+            ),
+            (
+                Box::new(|o| o.numa_node = Some(1024)),
+                "rdma config: loopback: numa_node=1024 is out of range 0-1023",
+            ),
+            (
+                Box::new(|o| o.timeout = Duration::ZERO),
+                "rdma config: loopback: timeout=0 must be positive",
+            ),
+        ];
+        for (mutate, want) in cases {
+            let mut o = ok.clone();
+            mutate(&mut o);
+            assert_eq!(o.validate().unwrap_err().to_string(), want);
+        }
+        let mut o = ok.clone();
+        o.numa_node = Some(1023);
+        o.sizes = vec![4096, 1, 1 << 30];
+        o.validate().unwrap();
+        assert_eq!(o.region_len(), 1 << 30);
+    }
+
+    #[test]
+    fn node_masks() {
+        let m = NodeMask::single(0);
+        assert_eq!((m.node, m.words.clone(), m.maxnode), (0, vec![1], 65));
+        let m = NodeMask::single(3);
+        assert_eq!((m.words.clone(), m.maxnode), (vec![8], 65));
+        let m = NodeMask::single(63);
+        assert_eq!((m.words.clone(), m.maxnode), (vec![1 << 63], 65));
+        // Node 64 is bit 0 of the second word; the kernel must be told to read 128 bits.
+        let m = NodeMask::single(64);
+        assert_eq!((m.words.clone(), m.maxnode), (vec![0, 1], 129));
+        let m = NodeMask::single(1023);
+        assert_eq!(m.words.len(), 16);
+        assert_eq!(m.words[15], 1 << 63);
+        assert!(m.words[..15].iter().all(|&w| w == 0));
+        assert_eq!(m.maxnode, 1025);
+    }
+
+    #[test]
+    fn summaries_and_median() {
+        assert_eq!(SizeSummary::of(1, &[]), None);
+        let s = SizeSummary::of(1, &[30, 10, 20]).unwrap();
+        assert_eq!(
+            (s.samples, s.min_ns, s.median_ns, s.max_ns),
+            (3, 10, 20.0, 30)
+        );
+        let s = SizeSummary::of(8, &[40, 10, 20, 30]).unwrap();
+        assert_eq!((s.size, s.median_ns), (8, 25.0));
+        let s = SizeSummary::of(8, &[7]).unwrap();
+        assert_eq!((s.min_ns, s.median_ns, s.max_ns), (7, 7.0, 7));
+    }
+
+    #[test]
+    fn eq3_bandwidth() {
+        let small = SizeSummary::of(1, &[2_000]).unwrap();
+        let large = SizeSummary::of(262_144, &[2_000 + 20_971]).unwrap();
+        // 8 * 262143 bits in 20971 ns = 100 Gb/s.
+        let bw = bandwidth_gbps(&small, &large).unwrap();
+        assert!((bw - 100.0).abs() < 0.01, "{bw}");
+        // The large write was not slower, or the sizes are not increasing: no bandwidth.
+        assert_eq!(bandwidth_gbps(&small, &small), None);
+        assert_eq!(bandwidth_gbps(&large, &small), None);
+        let fast = SizeSummary::of(262_144, &[1_000]).unwrap();
+        assert_eq!(bandwidth_gbps(&small, &fast), None);
+
+        let r = LoopbackResult {
+            device: "rxe0".into(),
+            numa_node: None,
+            gid: Ipv6Addr::UNSPECIFIED,
+            qpn: 17,
+            // Listed large first: the smallest and largest sizes are found by size.
+            per_size: vec![
+                (262_144, vec![22_971, 40_000, 22_971]),
+                (1, vec![2_000, 1_000, 3_000]),
+                (7, vec![]),
+            ],
+            verbs: vec![],
+        };
+        let s = r.summaries();
+        assert_eq!(s.len(), 2);
+        assert_eq!((s[0].size, s[0].median_ns), (262_144, 22_971.0));
+        assert!((r.bandwidth_gbps().unwrap() - 100.0).abs() < 0.01);
+    }
+
+    #[test]
+    fn patterns_never_zero_and_differ_by_seed() {
+        let a = pattern(0, 4096);
+        let b = pattern(1, 4096);
+        assert_eq!(a.len(), 4096);
+        assert!(a.iter().chain(&b).all(|&x| x != 0));
+        assert!(a.iter().zip(&b).all(|(x, y)| x != y));
+        assert_eq!(pattern(3, 1), vec![22]);
+        assert_eq!(first_mismatch(&a, &a), None);
+        let mut c = a.clone();
+        c[4000] ^= 0xff;
+        assert_eq!(first_mismatch(&a, &c), Some(4000));
+        assert_eq!(first_mismatch(&a, &a[..10]), Some(10));
+        assert_eq!(first_mismatch(&a, &vec![0; 4096]), Some(0));
+    }
+}
