@@ -4,8 +4,9 @@ use std::time::Duration;
 
 use rpingmesh_proto::controller_agent::controller_service_client::ControllerServiceClient;
 use rpingmesh_proto::controller_agent::{
-    AgentRegistrationRequest, PathSummary, PingTarget, PinglistRequest, PinglistType,
-    ProbeAnalysisAck, ProbeAnalysisReport, RnicInfo, ServiceFlowAck, ServiceFlowReport,
+    AgentRegistrationRequest, HostHealthAck, HostHealthReport, PathSummary, PingTarget,
+    PinglistRequest, PinglistType, ProbeAnalysisAck, ProbeAnalysisReport, RnicInfo, ServiceFlowAck,
+    ServiceFlowReport,
 };
 use rpingmesh_protocol::PinglistKind;
 use tonic::transport::{Channel, Endpoint};
@@ -176,6 +177,20 @@ impl ControllerClient {
             .inner
             .clone()
             .report_service_flows(report)
+            .await
+            .map_err(ControllerError::Rpc)?;
+        Ok(resp.into_inner())
+    }
+
+    /// Sends a Hostping report of this host.
+    pub async fn report_host_health(
+        &self,
+        report: HostHealthReport,
+    ) -> Result<HostHealthAck, ControllerError> {
+        let resp = self
+            .inner
+            .clone()
+            .report_host_health(report)
             .await
             .map_err(ControllerError::Rpc)?;
         Ok(resp.into_inner())

@@ -16,6 +16,7 @@ use rpingmesh_hostping::loopback::HostMode;
 use rpingmesh_hostping::r2r::{self, R2rFinding, R2rWindow};
 use rpingmesh_hostping::sysfs::{RealSysfs, Recorder, Recording, Sysfs};
 use rpingmesh_hostping::topology::{HostTopology, LinkDowngrade};
+use rpingmesh_proto::controller_agent::{HostFinding, HostHealthReport};
 use rpingmesh_proto::gid::format_gid;
 use rpingmesh_protocol::prober::ProbeResult;
 use serde::Serialize;
@@ -71,6 +72,19 @@ pub struct HostpingArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
+    /// Skip the loopback tests.
+    #[arg(long)]
+    pub no_loopback: bool,
+    /// Loopback writes per message size and path.
+    #[arg(long, default_value_t = 20)]
+    pub loopback_samples: u32,
+    /// A path is abnormal this far below its peers (Abnormal_th).
+    #[arg(long, default_value_t = 0.2)]
+    pub abnormal_th: f64,
+    /// Send the report to the controller (`controller_addr`), where `rpingmeshctl host`
+    /// shows it. A report that cannot be sent makes the exit code 2.
+    #[arg(long)]
+    pub report: bool,
     #[command(flatten)]
     pub agent: CliArgs,
 }
@@ -84,8 +98,42 @@ pub struct HostReport {
     pub ports: Vec<PortReport>,
     pub mode: HostMode,
     pub r2r: R2rReport,
-    pub loopback: String,
+    pub loopback: LoopbackReport,
+    /// One line each, for people.
     pub problems: Vec<String>,
+    /// The same, for the controller.
+    pub findings: Vec<HostFindingLine>,
+}
+
+/// Loopback tests: each RNIC writes to each NUMA node's memory through an RC QP
+/// connected to itself (GPU memory needs dma-buf or peer memory: not tested here).
+#[derive(Debug, Serialize, Default)]
+pub struct LoopbackReport {
+    pub skipped: Option<String>,
+    pub paths: Vec<LoopbackPath>,
+    /// Algorithm 1's findings over the paths (link, cause).
+    pub links: Vec<rpingmesh_hostping::linkstate::LinkFinding>,
+    /// Per RNIC, the verbs the tests called and their times (the verb-health check).
+    pub verbs: Vec<(String, String, f64)>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct LoopbackPath {
+    pub rnic: String,
+    pub endpoint: String,
+    /// Eq. 2: T_proc + Lat_host, the 1-byte write's median.
+    pub host_latency_us: f64,
+    /// Eq. 3, Gb/s.
+    pub bandwidth_gbps: Option<f64>,
+    pub abnormal: bool,
+}
+
+/// A problem as the controller stores it.
+#[derive(Debug, Serialize, Clone)]
+pub struct HostFindingLine {
+    pub kind: String,
+    pub location: String,
+    pub detail: String,
 }
 
 #[derive(Debug, Serialize)]
@@ -171,10 +219,181 @@ pub fn main(args: Vec<String>) -> std::process::ExitCode {
     } else {
         print!("{}", render(&report));
     }
+    if args.report {
+        if let Err(e) = rt.block_on(send_report(&cfg, &report)) {
+            eprintln!(
+                "rpingmesh-agent hostping: report to the controller at {}: {e}",
+                cfg.controller_addr
+            );
+            return ExitCode::from(2);
+        }
+    }
     if report.problems.is_empty() {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
+    }
+}
+
+/// Verb failures (a test that could not run) as (RNIC, line).
+fn loopback_verb_problems(l: &LoopbackReport) -> Vec<(String, String)> {
+    l.verbs
+        .iter()
+        .filter(|(_, verb, _)| verb.starts_with("FAILED"))
+        .map(|(rnic, verb, _)| {
+            (
+                rnic.clone(),
+                format!(
+                    "loopback on {rnic}: {}",
+                    verb.trim_start_matches("FAILED: ")
+                ),
+            )
+        })
+        .collect()
+}
+
+#[cfg(not(feature = "rdma"))]
+fn loopback_tests(
+    cfg: &AgentConfig,
+    _: &HostTopology,
+    _: HostMode,
+    _: &HostpingArgs,
+) -> LoopbackReport {
+    let why = match cfg.transport {
+        Transport::Udp => "transport udp (loopback tests write through RDMA)",
+        Transport::Rdma => "this build has no rdma backend (build with the `rdma` feature)",
+    };
+    LoopbackReport {
+        skipped: Some(why.into()),
+        ..Default::default()
+    }
+}
+
+/// Every RNIC the config allows x every NUMA node's memory (the affinitive subset when
+/// the host is busy), judged against peers, then Algorithm 1 over the verdicts.
+#[cfg(feature = "rdma")]
+fn loopback_tests(
+    cfg: &AgentConfig,
+    topo: &HostTopology,
+    mode: HostMode,
+    args: &HostpingArgs,
+) -> LoopbackReport {
+    use rpingmesh_hostping::linkstate::LinkStateInference;
+    use rpingmesh_hostping::loopback::{judge, plan, Timing};
+    use rpingmesh_hostping::paths::{full_mesh, Endpoint};
+    use rpingmesh_verbs::rdma::loopback::{run_loopback, LoopbackOptions};
+    if cfg.transport != Transport::Rdma {
+        return LoopbackReport {
+            skipped: Some("transport udp (loopback tests write through RDMA)".into()),
+            ..Default::default()
+        };
+    }
+    let allowed = |name: &str| {
+        cfg.allowed_device_names.is_empty() || cfg.allowed_device_names.iter().any(|d| d == name)
+    };
+    let mesh: Vec<_> = full_mesh(topo)
+        .into_iter()
+        .filter(|p| allowed(&p.rnic) && matches!(p.endpoint, Endpoint::Memory(_)))
+        .collect();
+    let tested_plan = plan(&mesh, mode);
+    if tested_plan.is_empty() {
+        return LoopbackReport {
+            skipped: Some("no RNIC of the config is in the host tree".into()),
+            ..Default::default()
+        };
+    }
+    let mut report = LoopbackReport::default();
+    let mut timed = Vec::new();
+    for p in &tested_plan {
+        let Endpoint::Memory(node) = p.endpoint else {
+            continue;
+        };
+        let mut o = LoopbackOptions::new(&p.rnic);
+        o.gid_index = u32::try_from(cfg.gid_index).unwrap_or(0);
+        o.samples = args.loopback_samples.max(1);
+        // A single-node kernel has no NUMA policy to set: leave it to the default.
+        o.numa_node = (topo.numa_nodes.len() > 1).then_some(node);
+        match run_loopback(&o) {
+            Ok(r) => {
+                for v in &r.verbs {
+                    report
+                        .verbs
+                        .push((p.rnic.clone(), v.verb.to_string(), v.micros));
+                }
+                let sums = r.summaries();
+                let small = sums.iter().find(|s| s.size == 1);
+                let large = sums.iter().find(|s| s.size > 1);
+                if let (Some(a), Some(b)) = (small, large) {
+                    let t = Timing {
+                        small_ns: a.median_ns,
+                        large_ns: b.median_ns,
+                    };
+                    timed.push((p.clone(), t));
+                }
+            }
+            Err(e) => report
+                .verbs
+                .push((p.rnic.clone(), format!("FAILED: {e}"), 0.0)),
+        }
+    }
+    let verdicts = judge(&timed, mode, args.abnormal_th);
+    let mut inference = LinkStateInference::new();
+    let round = inference.round(
+        &verdicts.iter().map(|m| m.verdict()).collect::<Vec<_>>(),
+        &std::collections::BTreeMap::new(),
+        0.9,
+    );
+    report.links = round.findings;
+    report.paths = verdicts
+        .iter()
+        .map(|m| LoopbackPath {
+            rnic: m.path.rnic.clone(),
+            endpoint: m.path.endpoint.to_string(),
+            host_latency_us: m.timing.host_latency_us(),
+            bandwidth_gbps: m.bandwidth_gbps,
+            abnormal: m.abnormal,
+        })
+        .collect();
+    report
+}
+
+/// The report as the controller takes it (`ReportHostHealth`).
+pub fn to_proto(cfg: &AgentConfig, r: &HostReport, checked_unix_ns: u64) -> HostHealthReport {
+    let mode = match r.mode {
+        HostMode::Idle => "idle",
+        HostMode::Busy => "busy",
+        HostMode::Abnormal => "abnormal",
+    };
+    HostHealthReport {
+        agent_id: cfg.agent_id.clone(),
+        hostname: cfg.hostname.clone(),
+        checked_unix_ns,
+        tree: render(r),
+        mode: mode.into(),
+        findings: r
+            .findings
+            .iter()
+            .map(|f| HostFinding {
+                kind: f.kind.clone(),
+                location: f.location.clone(),
+                detail: f.detail.clone(),
+            })
+            .collect(),
+        report_json: serde_json::to_string(r).unwrap_or_default(),
+    }
+}
+
+async fn send_report(cfg: &AgentConfig, r: &HostReport) -> anyhow::Result<()> {
+    let client = crate::controller_client::ControllerClient::connect_lazy(cfg)?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let call = client.report_host_health(to_proto(cfg, r, now));
+    match tokio::time::timeout(Duration::from_secs(10), call).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(anyhow::anyhow!("{e}")),
+        Err(_) => Err(anyhow::anyhow!("no answer within 10 s")),
     }
 }
 
@@ -255,7 +474,15 @@ pub async fn run_once(args: &HostpingArgs, cfg: &AgentConfig) -> Result<HostRepo
         std::fs::write(path, rec.recording().to_text())
             .map_err(|e| format!("{}: {e}", path.display()))?;
     }
-    // 3. R2R.
+    // 3. Loopback tests (rdma only), then R2R.
+    let loopback = if args.no_loopback {
+        LoopbackReport {
+            skipped: Some("--no-loopback".into()),
+            ..Default::default()
+        }
+    } else {
+        loopback_tests(cfg, &topology, mode, args)
+    };
     let r2r = if args.r2r_sec == 0 {
         R2rReport {
             skipped: Some("--r2r-sec 0".into()),
@@ -265,24 +492,58 @@ pub async fn run_once(args: &HostpingArgs, cfg: &AgentConfig) -> Result<HostRepo
         r2r_probe(cfg, args).await
     };
 
-    let mut problems: Vec<String> = topology.downgrades().iter().map(|d| d.describe()).collect();
+    let mut findings: Vec<HostFindingLine> = Vec::new();
+    let mut found = |kind: &str, location: String, detail: String| {
+        findings.push(HostFindingLine {
+            kind: kind.into(),
+            location,
+            detail,
+        });
+    };
+    for d in topology.downgrades() {
+        found("pcie_downgrade", d.bdf.clone(), d.describe());
+    }
     for p in &ports {
         if p.rates.link_downed {
-            problems.push(format!(
-                "{} port {}: the link went down during the sample",
-                p.device, p.port
-            ));
+            found(
+                "rnic_port",
+                format!("{}/{}", p.device, p.port),
+                format!(
+                    "{} port {}: the link went down during the sample",
+                    p.device, p.port
+                ),
+            );
         }
     }
     for r in &topology.rnics {
         for p in &r.ports {
             if p.state != "ACTIVE" {
-                problems.push(format!("{} port {}: state {}", r.name, p.port, p.state));
+                found(
+                    "rnic_port",
+                    format!("{}/{}", r.name, p.port),
+                    format!("{} port {}: state {}", r.name, p.port, p.state),
+                );
             }
         }
     }
     for f in &r2r.findings {
-        problems.push(describe_r2r(f));
+        use rpingmesh_hostping::r2r::R2rKind;
+        let kind = match f.kind {
+            R2rKind::Down => "r2r_down",
+            R2rKind::Sporadic => "r2r_sporadic",
+            R2rKind::Tor => "r2r_tor",
+            R2rKind::Miswired => "r2r_miswired",
+        };
+        let location = if f.groups.is_empty() {
+            f.rnics.join(",")
+        } else {
+            f.groups
+                .iter()
+                .map(|g| g.join(","))
+                .collect::<Vec<_>>()
+                .join(" | ")
+        };
+        found(kind, location, describe_r2r(f));
     }
     // An RNIC that cannot be opened is what a service would hit too (the TNET version's
     // verb-call errors): a problem, unlike a host with one RNIC, which has no R2R.
@@ -291,8 +552,42 @@ pub async fn run_once(args: &HostpingArgs, cfg: &AgentConfig) -> Result<HostRepo
         .as_deref()
         .filter(|w| w.starts_with(CANNOT_OPEN))
     {
-        problems.push(format!("R2R: {why}"));
+        found("verb_error", String::new(), format!("R2R: {why}"));
     }
+    for l in &loopback.links {
+        use rpingmesh_hostping::linkstate::Cause;
+        let kind = match l.cause {
+            Cause::Failure => "link_failure",
+            Cause::Congestion => "link_congestion",
+            Cause::Flapping => "link_flapping",
+        };
+        let also = if l.alternatives.is_empty() {
+            String::new()
+        } else {
+            format!(
+                " (or {})",
+                l.alternatives
+                    .iter()
+                    .map(|a| a.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        };
+        found(
+            kind,
+            l.link.to_string(),
+            format!(
+                "loopback: {}{also} slows {} path(s): {}",
+                l.link,
+                l.abnormal_cnt,
+                l.paths.join("; ")
+            ),
+        );
+    }
+    for (rnic, what) in loopback_verb_problems(&loopback) {
+        found("verb_error", rnic, what);
+    }
+    let problems = findings.iter().map(|f| f.detail.clone()).collect();
     Ok(HostReport {
         hostname: cfg.hostname.clone(),
         downgrades: topology.downgrades(),
@@ -300,8 +595,9 @@ pub async fn run_once(args: &HostpingArgs, cfg: &AgentConfig) -> Result<HostRepo
         ports,
         mode,
         r2r,
-        loopback: "not run: loopback tests need an RC QP per RNIC and endpoint, which this build does not open yet".into(),
+        loopback,
         problems,
+        findings,
     })
 }
 
@@ -603,7 +899,25 @@ pub fn render(r: &HostReport) -> String {
             }
         }
     }
-    let _ = writeln!(out, "loopback: {}", r.loopback);
+    match &r.loopback.skipped {
+        Some(why) => {
+            let _ = writeln!(out, "loopback: skipped ({why})");
+        }
+        None => {
+            let _ = writeln!(out, "loopback: {} paths", r.loopback.paths.len());
+            for p in &r.loopback.paths {
+                let _ = writeln!(
+                    out,
+                    "  {} -> {}: {:.1} us, {} Gb/s{}",
+                    p.rnic,
+                    p.endpoint,
+                    p.host_latency_us,
+                    p.bandwidth_gbps.map_or("?".into(), |g| format!("{g:.2}")),
+                    if p.abnormal { "  ABNORMAL" } else { "" }
+                );
+            }
+        }
+    }
     if r.problems.is_empty() {
         let _ = writeln!(out, "verdict: OK");
     } else {

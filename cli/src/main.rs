@@ -19,6 +19,7 @@
 mod connect;
 mod findings;
 mod format;
+mod hosts;
 mod watch;
 
 use std::path::PathBuf;
@@ -182,6 +183,18 @@ enum Cmd {
     /// Localized findings (a broken RNIC, host, ToR or ToR-spine link): open ones, then
     /// the most recently resolved.
     Findings(FindingsArgs),
+    /// One host's newest Hostping report: its tree (sockets, PCIe, RNICs, GPUs) with each
+    /// link's state, and the verdict.
+    Host {
+        /// The hostname the agent reported under.
+        name: String,
+    },
+    /// Every host that sent a Hostping report, one row each.
+    Hosts {
+        /// Only hosts whose newest report has findings.
+        #[arg(long)]
+        problems: bool,
+    },
     /// Live service paths learned from QP tracing, with their latest RTT and loss.
     ServicePaths {
         #[arg(long)]
@@ -485,6 +498,8 @@ async fn query(
             }
         }
         Cmd::Findings(a) => findings::list(op, target, a, json).await?,
+        Cmd::Host { name } => hosts::host(op, target, name, json).await?,
+        Cmd::Hosts { problems } => hosts::hosts(op, target, *problems, json).await?,
         Cmd::ServicePaths {
             service,
             gid,

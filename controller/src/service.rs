@@ -20,18 +20,18 @@ use tonic::{Request, Response, Status};
 
 use rpingmesh_proto::controller_agent::controller_service_server::ControllerService;
 use rpingmesh_proto::controller_agent::{
-    AgentRegistrationRequest, AgentRegistrationResponse, PathSummary, PinglistRequest,
-    PinglistResponse, PinglistType, ProbeAnalysisAck, ProbeAnalysisReport, RnicInfo,
-    ServiceFlowAck, ServiceFlowReport,
+    AgentRegistrationRequest, AgentRegistrationResponse, HostHealthAck, HostHealthReport,
+    PathSummary, PinglistRequest, PinglistResponse, PinglistType, ProbeAnalysisAck,
+    ProbeAnalysisReport, RnicInfo, ServiceFlowAck, ServiceFlowReport,
 };
 use rpingmesh_proto::gid::normalize_gid;
 use rpingmesh_proto::operator::operator_service_server::OperatorService;
 use rpingmesh_proto::operator::{
-    Finding, FindingEvent, ListFindingsRequest, ListFindingsResponse, ListPathsRequest,
-    ListPathsResponse, ListRnicsRequest, ListRnicsResponse, ListServicePathsRequest,
-    ListServicePathsResponse, ListTorPairsRequest, ListTorPairsResponse, ListViolationsRequest,
-    ListViolationsResponse, RnicStatus, ServicePath, TorPairStats, Violation as ViolationMsg,
-    WatchFindingsRequest,
+    Finding, FindingEvent, GetHostRequest, HostHealth, ListFindingsRequest, ListFindingsResponse,
+    ListHostsRequest, ListHostsResponse, ListPathsRequest, ListPathsResponse, ListRnicsRequest,
+    ListRnicsResponse, ListServicePathsRequest, ListServicePathsResponse, ListTorPairsRequest,
+    ListTorPairsResponse, ListViolationsRequest, ListViolationsResponse, RnicStatus, ServicePath,
+    TorPairStats, Violation as ViolationMsg, WatchFindingsRequest,
 };
 
 use crate::analyzer::{Analyzer, PathFilter, ViolationKind};
@@ -80,6 +80,63 @@ pub const WATCH_SNAPSHOT_RESOLVED: usize = 100;
 /// the oldest ids are given up (logged).
 const UNSAVED_FINDINGS_CAP: usize = 10_000;
 
+/// Hosts whose Hostping reports are kept (a report from one more is refused).
+pub const MAX_HOSTS: usize = 200_000;
+/// Bounds of one host report.
+pub const MAX_HOST_TREE_BYTES: usize = 256 * 1024;
+pub const MAX_HOST_REPORT_JSON_BYTES: usize = 2 * 1024 * 1024;
+pub const MAX_HOST_FINDINGS: usize = 1024;
+const MAX_HOST_FIELD_BYTES: usize = 4096;
+
+/// A host report's one clear error, or nothing.
+fn check_host_report(r: &HostHealthReport) -> Result<(), Status> {
+    let bad = |m: String| Err(Status::invalid_argument(format!("host report: {m}")));
+    if r.agent_id.trim().is_empty() {
+        return bad("agent_id is empty".into());
+    }
+    if r.hostname.trim().is_empty() || r.hostname.len() > 255 {
+        return bad(format!(
+            "hostname {:?} is empty or longer than 255 bytes",
+            r.hostname
+        ));
+    }
+    if r.tree.len() > MAX_HOST_TREE_BYTES {
+        return bad(format!(
+            "tree of {} bytes (at most {MAX_HOST_TREE_BYTES})",
+            r.tree.len()
+        ));
+    }
+    if r.report_json.len() > MAX_HOST_REPORT_JSON_BYTES {
+        return bad(format!(
+            "report_json of {} bytes (at most {MAX_HOST_REPORT_JSON_BYTES})",
+            r.report_json.len()
+        ));
+    }
+    if r.findings.len() > MAX_HOST_FINDINGS {
+        return bad(format!(
+            "{} findings (at most {MAX_HOST_FINDINGS})",
+            r.findings.len()
+        ));
+    }
+    if !matches!(r.mode.as_str(), "" | "idle" | "busy" | "abnormal") {
+        return bad(format!("mode {:?} (idle, busy or abnormal)", r.mode));
+    }
+    for (i, f) in r.findings.iter().enumerate() {
+        if f.kind.trim().is_empty() {
+            return bad(format!("finding {i} has no kind"));
+        }
+        if [&f.kind, &f.location, &f.detail]
+            .iter()
+            .any(|x| x.len() > MAX_HOST_FIELD_BYTES)
+        {
+            return bad(format!(
+                "finding {i}: a field longer than {MAX_HOST_FIELD_BYTES} bytes"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Everything the services share.
 pub struct ControllerState {
     pub registry: IndexedRegistry,
@@ -105,6 +162,8 @@ pub struct ControllerState {
     /// Agent versions as they registered ("" = a Go agent); in memory only: every agent
     /// registers again within a heartbeat.
     agent_versions: Mutex<HashMap<String, String>>,
+    /// Each host's newest Hostping report, by hostname (restored from the store).
+    hosts: Mutex<BTreeMap<String, HostHealth>>,
     clock: Clock,
     /// The controller's own timeline (a monotonic clock: the injectable wall clock jumps
     /// in tests that age registrations), watched for stalls.
@@ -153,6 +212,12 @@ impl ControllerState {
                 Some(Mutex::new(a))
             }
         };
+        let hosts: BTreeMap<String, HostHealth> = registry
+            .load_hosts()
+            .context("loading the stored host reports")?
+            .into_iter()
+            .map(|h| (h.hostname.clone(), h))
+            .collect();
         let now = clock() / 1_000_000_000;
         let n = registry
             .excuse(u64::MAX, now)
@@ -188,6 +253,7 @@ impl ControllerState {
                 max_services: cfg.max_services as usize,
             })),
             agent_versions: Mutex::new(HashMap::new()),
+            hosts: Mutex::new(hosts),
             clock,
             stall: Mutex::new(StallWatch::default()),
             started: Instant::now(),
@@ -519,6 +585,75 @@ impl ControllerState {
         self.service_table().expire(now)
     }
 
+    /// Takes a host's Hostping report: checked, kept as the host's newest, stored.
+    pub fn report_host(&self, r: HostHealthReport) -> Result<(), Status> {
+        check_host_report(&r)?;
+        let h = HostHealth {
+            hostname: r.hostname,
+            agent_id: r.agent_id,
+            checked_unix_ns: r.checked_unix_ns,
+            received_unix_ns: self.now_ns(),
+            tree: r.tree,
+            mode: r.mode,
+            findings: r.findings,
+            report_json: r.report_json,
+        };
+        {
+            let mut hosts = self.hosts.lock().unwrap_or_else(|e| e.into_inner());
+            if !hosts.contains_key(&h.hostname) && hosts.len() >= MAX_HOSTS {
+                return Err(Status::resource_exhausted(format!(
+                    "host report: {MAX_HOSTS} hosts known already; {:?} not taken",
+                    h.hostname
+                )));
+            }
+            hosts.insert(h.hostname.clone(), h.clone());
+        }
+        self.registry.save_host(&h).map_err(|e| {
+            tracing::error!(hostname = %h.hostname, error = %e, "storing a host report failed");
+            Status::unavailable(format!("host report: the store failed: {e}"))
+        })?;
+        self.note_alive(&h.agent_id);
+        Ok(())
+    }
+
+    /// Every host's newest report (without its JSON), by hostname.
+    pub fn hosts(&self, problems_only: bool) -> Vec<HostHealth> {
+        let hosts = self.hosts.lock().unwrap_or_else(|e| e.into_inner());
+        hosts
+            .values()
+            .filter(|h| !problems_only || !h.findings.is_empty())
+            .map(|h| HostHealth {
+                report_json: String::new(),
+                ..h.clone()
+            })
+            .collect()
+    }
+
+    /// One host's newest report.
+    pub fn host(&self, hostname: &str) -> Option<HostHealth> {
+        self.hosts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(hostname)
+            .cloned()
+    }
+
+    /// (hostname, finding kind) -> findings, over the hosts with any (the metric).
+    pub fn host_findings_by_kind(&self) -> BTreeMap<(String, String), u64> {
+        let mut out = BTreeMap::new();
+        for h in self
+            .hosts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+        {
+            for f in &h.findings {
+                *out.entry((h.hostname.clone(), f.kind.clone())).or_default() += 1;
+            }
+        }
+        out
+    }
+
     /// Any agent RPC is a sign of life: refreshes the agent's `last_updated` (and its
     /// RNICs'), but writes to the store at most once per quarter of the active threshold,
     /// so frequent RPCs cost a read of the index, not a store write each.
@@ -635,6 +770,17 @@ pub struct OperatorSvc(pub Arc<ControllerState>);
 
 #[tonic::async_trait]
 impl ControllerService for ControllerSvc {
+    async fn report_host_health(
+        &self,
+        request: Request<HostHealthReport>,
+    ) -> Result<Response<HostHealthAck>, Status> {
+        let r = request.into_inner();
+        let (host, n) = (r.hostname.clone(), r.findings.len());
+        self.0.report_host(r)?;
+        tracing::info!(hostname = %host, findings = n, "host report taken");
+        Ok(Response::new(HostHealthAck { accepted: true }))
+    }
+
     async fn report_service_flows(
         &self,
         request: Request<ServiceFlowReport>,
@@ -964,6 +1110,25 @@ fn optional_gid(field: &str, text: &str) -> Result<String, Status> {
 impl OperatorService for OperatorSvc {
     type WatchFindingsStream =
         std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<FindingEvent, Status>> + Send>>;
+
+    async fn list_hosts(
+        &self,
+        request: Request<ListHostsRequest>,
+    ) -> Result<Response<ListHostsResponse>, Status> {
+        let hosts = self.0.hosts(request.into_inner().problems_only);
+        Ok(Response::new(ListHostsResponse { hosts }))
+    }
+
+    async fn get_host(
+        &self,
+        request: Request<GetHostRequest>,
+    ) -> Result<Response<HostHealth>, Status> {
+        let name = request.into_inner().hostname;
+        self.0
+            .host(&name)
+            .map(Response::new)
+            .ok_or_else(|| Status::not_found(format!("host {name:?} has sent no Hostping report")))
+    }
 
     async fn list_findings(
         &self,

@@ -21,6 +21,7 @@ pub const METRIC_SLA_VIOLATIONS: &str = "rpingmesh.analyzer.sla_violations_total
 pub const METRIC_FINDINGS_OPEN: &str = "rpingmesh.analyzer.findings_open";
 pub const METRIC_RNICS: &str = "rpingmesh.controller.rnics";
 pub const METRIC_SERVICE_PATHS: &str = "rpingmesh.controller.service_paths";
+pub const METRIC_HOST_FINDINGS: &str = "rpingmesh.hostping.host_findings";
 
 /// Analyzer counters. Attributes are ToR-level only (bounded cardinality); per-GID
 /// detail goes to logs and the operator API.
@@ -149,6 +150,19 @@ impl Telemetry {
                 }
                 for (kind, n) in st.open_findings_by_kind() {
                     o.observe(n as u64, &[KeyValue::new("kind", kind)]);
+                }
+            })
+            .build();
+        let st = Arc::downgrade(state);
+        meter
+            .u64_observable_gauge(METRIC_HOST_FINDINGS)
+            .with_description(
+                "Findings in each host's newest Hostping report, by hostname and kind (hosts with findings only)",
+            )
+            .with_callback(move |o| {
+                let Some(st) = st.upgrade() else { return };
+                for ((host, kind), n) in st.host_findings_by_kind() {
+                    o.observe(n, &[KeyValue::new("hostname", host), KeyValue::new("kind", kind)]);
                 }
             })
             .build();

@@ -53,6 +53,14 @@ impl ControllerService for GoController {
             "unknown method ReportServiceFlows for service controller_agent.ControllerService",
         ))
     }
+    async fn report_host_health(
+        &self,
+        _: Request<HostHealthReport>,
+    ) -> Result<Response<HostHealthAck>, Status> {
+        Err(Status::unimplemented(
+            "unknown method ReportHostHealth for service controller_agent.ControllerService",
+        ))
+    }
 }
 
 const IPS: [Ipv4Addr; 2] = [Ipv4Addr::new(127, 0, 7, 1), Ipv4Addr::new(127, 0, 7, 2)];

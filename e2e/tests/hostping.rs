@@ -6,7 +6,7 @@
 use std::process::Command;
 
 use rpingmesh_e2e::netns::{cleanup_stale, Netns};
-use rpingmesh_e2e::{bin, skip_unless_root, AGENT_BIN};
+use rpingmesh_e2e::{bin, http_get, skip_unless_root, spawn_controller, AGENT_BIN};
 use serde_json::Value;
 
 const ADDRS: [&str; 4] = ["127.0.0.11", "127.0.0.12", "127.0.0.13", "127.0.0.14"];
@@ -162,5 +162,144 @@ fn hostping_once_r2r_names_down_sporadic_tor_and_miswired_rnics() {
         bad.stderr.contains("/nonexistent/recording"),
         "{}",
         bad.stderr
+    );
+}
+
+/// The report reaches the controller (`--report`), `rpingmeshctl host NAME` prints the
+/// agent's tree and verdict, `hosts --problems` lists it, and both survive a controller
+/// restart (SQLite). A report that cannot be sent is one line and exit 2.
+#[test]
+fn hostping_report_is_stored_and_shown_by_rpingmeshctl_host() {
+    if skip_unless_root("hostping_report_is_stored_and_shown_by_rpingmeshctl_host") {
+        return;
+    }
+    cleanup_stale();
+    let ns = Netns::new(&format!("rpm{}hr", std::process::id())).expect("netns");
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite:{}", dir.path().join("controller.db").display());
+    // Inside the namespace a fixed port is free.
+    let metrics = [
+        "--metrics-exporter",
+        "prometheus",
+        "--prometheus-listen-addr",
+        "127.0.0.1:19464",
+    ];
+    let mut first = vec!["--database-uri", db.as_str()];
+    first.extend_from_slice(&metrics);
+    let ctl = spawn_controller(
+        dir.path(),
+        "controller",
+        Some(&ns.name),
+        "127.0.0.1:0",
+        &first,
+    )
+    .unwrap();
+    let addr = ctl.addr.to_string();
+
+    drop_rules(
+        &ns,
+        "  ip daddr 127.0.0.13 drop\n  ip saddr 127.0.0.13 drop",
+    );
+    let ident = [
+        "--report",
+        "--controller-addr",
+        &addr,
+        "--hostname",
+        "gpu-host-7",
+        "--agent-id",
+        "agent-7",
+    ];
+    let run = hostping(&ns, &ident);
+    assert_eq!(run.code, Some(1), "{}", run.stderr);
+
+    let ctl_cmd = |args: &[&str]| -> (Option<i32>, String, String) {
+        let cli = bin("rpingmeshctl");
+        let mut all = vec![
+            "netns",
+            "exec",
+            &ns.name,
+            cli.to_str().unwrap(),
+            "--controller",
+            &addr,
+        ];
+        all.extend_from_slice(args);
+        let out = Command::new("ip").args(&all).output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let check = |when: &str| {
+        let (code, out, err) = ctl_cmd(&["host", "gpu-host-7"]);
+        assert_eq!(code, Some(0), "{when}: {err}");
+        assert!(out.contains("by agent agent-7"), "{when}: {out}");
+        assert!(out.contains("host gpu-host-7\nsocket 0"), "{when}: {out}");
+        assert!(out.contains("verdict: PROBLEM"), "{when}: {out}");
+        assert!(out.contains("R2R: udp2 timed out on 100%"), "{when}: {out}");
+        let (code, out, _) = ctl_cmd(&["hosts", "--problems", "--json"]);
+        assert_eq!(code, Some(0));
+        let rows: Vec<Value> = out
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(rows.len(), 1, "{when}: {out}");
+        assert_eq!(rows[0]["findings"][0]["kind"], "r2r_down");
+        assert_eq!(rows[0]["findings"][0]["location"], "udp2");
+    };
+    check("after the report");
+    // The metric carries the host and the kind.
+    let scrape = ns
+        .run_in(|| http_get("127.0.0.1:19464".parse().unwrap(), "/metrics", "text/plain"))
+        .unwrap()
+        .unwrap();
+    let line = scrape
+        .2
+        .lines()
+        .find(|l| l.starts_with("rpingmesh_hostping_host_findings{"))
+        .unwrap_or("");
+    assert!(
+        line.contains("hostname=\"gpu-host-7\"")
+            && line.contains("kind=\"r2r_down\"")
+            && line.ends_with(" 1"),
+        "{line:?}"
+    );
+    let (code, _, err) = ctl_cmd(&["host", "no-such-host"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("no-such-host"), "{err}");
+
+    // A healthy host's report replaces the one before.
+    let _ = ns.exec(&["nft", "delete", "table", "inet", "hostping"]);
+    // Restart: the store has it.
+    let mut ctl = ctl;
+    ctl.proc.stop();
+    let ctl = spawn_controller(
+        dir.path(),
+        "controller2",
+        Some(&ns.name),
+        &addr,
+        &["--database-uri", &db],
+    )
+    .unwrap();
+    check("after a restart");
+
+    let ok = hostping(&ns, &ident);
+    assert_eq!(ok.code, Some(0), "{}", ok.stderr);
+    let (_, out, _) = ctl_cmd(&["hosts", "--json"]);
+    assert!(out.contains("\"findings\":[]"), "{out}");
+    let (_, out, _) = ctl_cmd(&["hosts", "--problems"]);
+    assert!(!out.contains("gpu-host-7"), "{out}");
+
+    // No controller: the report fails in one line, exit 2.
+    let mut ctl = ctl;
+    ctl.proc.stop();
+    let failed = hostping(&ns, &ident);
+    assert_eq!(failed.code, Some(2));
+    let lines: Vec<&str> = failed.stderr.trim().lines().collect();
+    assert_eq!(lines.len(), 1, "{}", failed.stderr);
+    assert!(
+        lines[0].contains("report to the controller"),
+        "{}",
+        failed.stderr
     );
 }

@@ -7,7 +7,7 @@ mod sqlite;
 
 use std::sync::{Mutex, RwLock, RwLockReadGuard};
 
-use rpingmesh_proto::operator::Finding;
+use rpingmesh_proto::operator::{Finding, HostHealth};
 
 pub use index::RegistryIndex;
 pub use sqlite::SqliteRegistry;
@@ -75,6 +75,10 @@ pub trait Registry: Send {
     fn save_findings(&mut self, findings: &[Finding]) -> Result<(), RegistryError>;
     /// Every stored finding, by id. A row that cannot be read back is logged and skipped.
     fn load_findings(&self) -> Result<Vec<Finding>, RegistryError>;
+    /// Stores a host's newest Hostping report, replacing the one before.
+    fn save_host(&mut self, h: &HostHealth) -> Result<(), RegistryError>;
+    /// Every host's newest report, by hostname (unreadable rows logged and skipped).
+    fn load_hosts(&self) -> Result<Vec<HostHealth>, RegistryError>;
 }
 
 /// Opens the store selected by `database_uri`.
@@ -184,6 +188,22 @@ impl IndexedRegistry {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .load_findings()
+    }
+
+    /// Persists a host's newest Hostping report.
+    pub fn save_host(&self, h: &HostHealth) -> Result<(), RegistryError> {
+        self.store
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .save_host(h)
+    }
+
+    /// The stored host reports (at start).
+    pub fn load_hosts(&self) -> Result<Vec<HostHealth>, RegistryError> {
+        self.store
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .load_hosts()
     }
 
     /// Store-level RNIC listing (for consistency checks and tools).

@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use prost::Message;
-use rpingmesh_proto::operator::Finding;
+use rpingmesh_proto::operator::{Finding, HostHealth};
 use rusqlite::{params, Connection, OptionalExtension, Row};
 
 use super::{AgentRecord, Registry, RegistryError, RnicRecord, RESOLVED_FINDINGS_KEPT};
@@ -41,6 +41,14 @@ CREATE TABLE IF NOT EXISTS findings (
     body BLOB NOT NULL
 );
 CREATE INDEX IF NOT EXISTS findings_resolved ON findings(open, resolved_unix_ns);
+-- Each host's newest Hostping report (`body`: prost-encoded operator.v1.HostHealth).
+CREATE TABLE IF NOT EXISTS host_health (
+    hostname TEXT PRIMARY KEY,
+    agent_id TEXT NOT NULL,
+    checked_unix_ns INTEGER NOT NULL,
+    findings INTEGER NOT NULL,
+    body BLOB NOT NULL
+);
 ";
 
 const RNIC_COLUMNS: &str =
@@ -290,6 +298,45 @@ impl Registry for SqliteRegistry {
                     error = %e,
                     "stored finding skipped: its body cannot be decoded"
                 ),
+            }
+        }
+        Ok(out)
+    }
+
+    fn save_host(&mut self, h: &HostHealth) -> Result<(), RegistryError> {
+        self.conn
+            .prepare_cached(
+                "INSERT OR REPLACE INTO host_health (hostname, agent_id, checked_unix_ns, findings, body)
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+            )?
+            .execute(params![
+                h.hostname,
+                h.agent_id,
+                epoch(h.checked_unix_ns),
+                h.findings.len() as i64,
+                h.encode_to_vec()
+            ])?;
+        Ok(())
+    }
+
+    fn load_hosts(&self) -> Result<Vec<HostHealth>, RegistryError> {
+        let mut st = self
+            .conn
+            .prepare_cached("SELECT hostname, body FROM host_health ORDER BY hostname")?;
+        let rows = st.query_map([], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, Vec<u8>>(1)?))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (name, body) = row?;
+            match HostHealth::decode(body.as_slice()) {
+                Ok(h) if h.hostname == name => out.push(h),
+                Ok(_) => {
+                    tracing::error!(hostname = %name, "stored host report skipped: its body names another host")
+                }
+                Err(e) => {
+                    tracing::error!(hostname = %name, error = %e, "stored host report skipped: its body cannot be decoded")
+                }
             }
         }
         Ok(out)
