@@ -948,6 +948,27 @@ fn vm_hostping_once_finds_a_down_and_a_lossy_rnic_by_r2r() {
         "only {probes} probes"
     );
     assert!(r2r["timeouts"].as_u64().unwrap() * 20 < probes, "{r2r}");
+    // Loopback: each RNIC wrote to the guest's one memory node through an RC QP connected
+    // to itself, both sizes, every verb timed.
+    let lb = &report["loopback"];
+    assert_eq!(lb["skipped"], Value::Null, "{lb}");
+    let paths = lb["paths"].as_array().unwrap();
+    assert_eq!(paths.len(), 4, "{lb}");
+    for p in paths {
+        assert!(p["bandwidth_gbps"].as_f64().is_some_and(|g| g > 0.0), "{p}");
+        assert!(
+            p["host_latency_us"].as_f64().is_some_and(|u| u > 0.0),
+            "{p}"
+        );
+    }
+    let verbs = lb["verbs"].as_array().unwrap();
+    assert!(verbs.iter().any(|v| v[1] == "ibv_modify_qp(RTR)"), "{lb}");
+    assert!(
+        !verbs
+            .iter()
+            .any(|v| v[1].as_str().unwrap_or("").starts_with("FAILED")),
+        "{lb}"
+    );
     assert_eq!(healthy["exit_code"], 0, "{report}");
     assert!(healthy["recording_lines"].as_u64().unwrap() > 10);
 

@@ -625,6 +625,11 @@ fn bridged_rxe(
         sh(&[
             "ip", "rule", "add", "pref", "10", "from", &src, "iif", "lo", "lookup", &table,
         ])?;
+        // Its own address stays local: a QP connected to itself (Hostping's loopback
+        // tests) resolves its own GID, which would otherwise be ARPed for on the bridge.
+        sh(&[
+            "ip", "route", "add", "local", &src, "dev", v, "table", &table,
+        ])?;
         sh(&["rdma", "link", "add", dev, "type", "rxe", "netdev", v])?;
     }
     gid_indexes()
@@ -1694,6 +1699,8 @@ fn hostping_run(
         &secs.to_string(),
         "--r2r-window-sec",
         &HOST_WINDOW_SEC.to_string(),
+        "--loopback-samples",
+        "10",
         "--log-level",
         "info",
         "--record",
