@@ -887,14 +887,17 @@ mod tests {
                 .expect("timeout")
                 .unwrap();
         }
-        assert!(got.iter().all(|e| matches!(
-            e,
-            TransportEvent::Received {
-                len: 1,
-                rx_ts_ns: Some(_),
-                ..
-            }
-        )));
+        assert!(
+            got.iter().all(|e| matches!(
+                e,
+                TransportEvent::Received {
+                    len: 1,
+                    rx_ts_ns: Some(_),
+                    ..
+                }
+            )),
+            "{got:?}"
+        );
         let mut rest = Vec::new();
         a.poll_completions(&mut rest).unwrap();
         assert!(rest.is_empty(), "{rest:?}");
