@@ -161,8 +161,14 @@ fn main() {
     let quick = args.iter().any(|a| a == "--quick");
     let scenarios = if quick { 220 } else { 440 };
     let seconds = if quick { 5 } else { 60 };
+    // --cpu-only: the CPU phase alone (for profiling it).
+    let cpu_only = args.iter().any(|a| a == "--cpu-only");
     let t = Instant::now();
-    let scores = evaluate(scenarios, 20261202, 0.2, 0.9);
+    let scores = if cpu_only {
+        Vec::new()
+    } else {
+        evaluate(scenarios, 20261202, 0.2, 0.9)
+    };
     let suite_sec = t.elapsed().as_secs_f64();
     let total: u32 = scores.iter().map(|k| k.scenarios).sum();
     for k in &scores {
