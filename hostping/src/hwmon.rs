@@ -26,6 +26,18 @@ pub const DROP_COUNTERS: &[&str] = &[
     "rcvd_seq_err",
 ];
 
+/// Whether [`rates`] uses a counter (a monitor that samples every second reads only these).
+pub fn is_used(name: &str) -> bool {
+    matches!(name, "port_xmit_data" | "port_rcv_data" | "link_downed")
+        || DROP_COUNTERS.contains(&name)
+        || is_tx_pause_duration(name)
+}
+
+fn is_tx_pause_duration(name: &str) -> bool {
+    let k = name.to_ascii_lowercase();
+    k.contains("tx") && k.contains("pause") && k.contains("duration")
+}
+
 /// One port's counters at one instant.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct PortCounters {
@@ -80,10 +92,7 @@ pub fn rates(prev: &PortCounters, cur: &PortCounters, secs: f64) -> PortRates {
         return PortRates::default();
     }
     let words_gbps = |name: &str| delta(prev, cur, name).map(|w| w as f64 * 4.0 * 8.0 / secs / 1e9);
-    let pause_key = cur.counters.keys().find(|k| {
-        let k = k.to_ascii_lowercase();
-        k.contains("tx") && k.contains("pause") && k.contains("duration")
-    });
+    let pause_key = cur.counters.keys().find(|k| is_tx_pause_duration(k));
     let tx_pause_ratio = pause_key
         .and_then(|k| delta(prev, cur, k))
         .map(|us| (us as f64 / (secs * 1e6)).min(1.0));

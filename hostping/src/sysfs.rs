@@ -40,7 +40,8 @@ impl RealSysfs {
         Self { root: root.into() }
     }
 
-    fn map(&self, path: &str) -> PathBuf {
+    /// Where a sysfs path is on disk.
+    pub fn map(&self, path: &str) -> PathBuf {
         self.root.join(path.trim_start_matches('/'))
     }
 }

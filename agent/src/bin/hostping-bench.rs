@@ -130,14 +130,33 @@ async fn cpu_phase(seconds: u64) -> serde_json::Value {
     let c1 = cpu_seconds();
     let t1 = Instant::now();
     let rates = Arc::new(Mutex::new(Vec::new()));
+    // --only r2r | --only hwmon: one part alone (to see which costs what).
+    let args: Vec<String> = std::env::args().collect();
+    let only = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1))
+        .cloned();
+    let (run_r2r, run_mon) = match only.as_deref() {
+        Some("r2r") => (true, false),
+        Some("hwmon") => (false, true),
+        _ => (true, true),
+    };
     let r2r = async {
-        let r = r2r_run(opened, params(), &plan).await;
+        let r = if run_r2r {
+            r2r_run(opened, params(), &plan).await
+        } else {
+            tokio::time::sleep(plan.duration).await;
+            Default::default()
+        };
         let _ = stop_tx.send(true);
         r
     };
     let mon = async {
-        let last = hw_monitor(&fs, &ports, Duration::from_secs(1), stop_rx).await;
-        *rates.lock().unwrap() = last;
+        if run_mon {
+            let last = hw_monitor(&fs, &ports, Duration::from_secs(1), stop_rx).await;
+            *rates.lock().unwrap() = last;
+        }
     };
     let (report, ()) = tokio::join!(r2r, mon);
     let wall = t1.elapsed().as_secs_f64();
