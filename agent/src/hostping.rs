@@ -399,26 +399,23 @@ async fn send_report(cfg: &AgentConfig, r: &HostReport) -> anyhow::Result<()> {
 
 /// Gathers and judges.
 pub async fn run_once(args: &HostpingArgs, cfg: &AgentConfig) -> Result<HostReport, String> {
-    // 1. The tree.
-    let (topology, recording) = match &args.sysfs_recording {
+    // 1. The tree, read through a recorder, so `--record` writes exactly what was read
+    // (the tree and the counters) without reading anything twice.
+    let replayed = match &args.sysfs_recording {
         Some(path) => {
             let text =
                 std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-            let rec = Recording::parse(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-            (
-                HostTopology::discover(&rec).map_err(|e| e.to_string())?,
-                rec,
-            )
+            Some(Recording::parse(&text).map_err(|e| format!("{}: {e}", path.display()))?)
         }
-        None => {
-            let rec = Recorder::new(RealSysfs::host());
-            let t = HostTopology::discover(&rec).map_err(|e| e.to_string())?;
-            (t, rec.recording())
-        }
+        None => None,
     };
-    // 2. Counters a second apart (read live, also when the tree was replayed: they are
-    // of this moment, not of the recording).
-    let live = RealSysfs::host();
+    let recorder = Recorder::new(RealSysfs::host());
+    let source: &dyn Sysfs = match &replayed {
+        Some(rec) => rec,
+        None => &recorder,
+    };
+    let topology = HostTopology::discover(source).map_err(|e| e.to_string())?;
+    // 2. Counters a second apart (from the recording when the tree is replayed).
     let ports_of: Vec<(String, u32, Option<f64>)> = topology
         .rnics
         .iter()
@@ -434,11 +431,7 @@ pub async fn run_once(args: &HostpingArgs, cfg: &AgentConfig) -> Result<HostRepo
             .map(|(d, p, _)| hwmon::read_port(fs, d, *p))
             .collect()
     };
-    let counters_source: &dyn Sysfs = if args.sysfs_recording.is_some() {
-        &recording
-    } else {
-        &live
-    };
+    let counters_source = source;
     let first = sample(counters_source);
     let started = std::time::Instant::now();
     if !ports_of.is_empty() && args.sysfs_recording.is_none() {
@@ -465,14 +458,8 @@ pub async fn run_once(args: &HostpingArgs, cfg: &AgentConfig) -> Result<HostRepo
         },
     );
     if let Some(path) = &args.record {
-        // Counters read for the sample belong to the recording too.
-        let rec = Recorder::new(RealSysfs::host());
-        let _ = HostTopology::discover(&rec);
-        for (d, p, _) in &ports_of {
-            let _ = hwmon::read_port(&rec, d, *p);
-        }
-        std::fs::write(path, rec.recording().to_text())
-            .map_err(|e| format!("{}: {e}", path.display()))?;
+        let taken = replayed.clone().unwrap_or_else(|| recorder.recording());
+        std::fs::write(path, taken.to_text()).map_err(|e| format!("{}: {e}", path.display()))?;
     }
     // 3. Loopback tests (rdma only), then R2R.
     let loopback = if args.no_loopback {
