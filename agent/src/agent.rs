@@ -18,6 +18,8 @@ use crate::cluster_monitor::{
 };
 use crate::config::{AgentConfig, ServiceTracingMode};
 use crate::controller_client::{registration_request, ControllerClient, LocalRnic};
+use crate::host_monitor;
+use crate::hostping::{HostRnic, R2rPlan};
 use crate::reopen::{ReopenStep, Reopener};
 use crate::report;
 use crate::rnic::{DriverExit, DriverIo, DriverParams, DriverStats, RnicDriver};
@@ -191,11 +193,44 @@ pub fn start<R: Into<OpenedRnic>>(
     let mut monitors = Vec::new();
     let mut pending_monitors = Vec::new();
     let mut stats = Vec::new();
-    for (ep, rnic) in endpoints.into_iter().zip(&rnics) {
+    // Hostping: the host's RNICs probe each other (Host targets merged into each driver's
+    // lists) and a monitor task judges the outcomes, the counters and the host check.
+    let hostping = cfg.hostping_enabled && !cfg.responder_only;
+    let host_rnics: Vec<HostRnic> = endpoints
+        .iter()
+        .map(|e| HostRnic {
+            device: e.endpoint.device_name().to_string(),
+            endpoint: e.endpoint.local(),
+        })
+        .collect();
+    let (host_rnics_tx, host_rnics_rx) = watch::channel(host_rnics);
+    let host_rnics_tx = Arc::new(host_rnics_tx);
+    let mut host_outcome_rxs = Vec::new();
+    if hostping {
+        R2rPlan::from_config(cfg).pace(&mut base_params, endpoints.len());
+    }
+    for (i, (ep, rnic)) in endpoints.into_iter().zip(&rnics).enumerate() {
         let gid = rpingmesh_proto::gid::format_gid(&rnic.gid);
         let tor = cfg.tor_of(&rnic.device_name).to_string();
         let (ptx, prx) = watch::channel(Arc::new(Pinglists::default()));
-        pending_monitors.push((gid.clone(), tor.clone(), ptx));
+        let mut host_outcomes = None;
+        if hostping {
+            // The cluster monitor publishes into `ctx`; the merge adds the Host targets.
+            let (ctx, crx) = watch::channel(Arc::new(Pinglists::default()));
+            monitors.push(tokio::spawn(host_monitor::merge_host_targets(
+                i,
+                crx,
+                host_rnics_rx.clone(),
+                ptx,
+                shutdown_tx.subscribe(),
+            )));
+            pending_monitors.push((gid.clone(), tor.clone(), ctx));
+            let (htx, hrx) = tokio::sync::mpsc::unbounded_channel();
+            host_outcomes = Some(htx);
+            host_outcome_rxs.push(hrx);
+        } else {
+            pending_monitors.push((gid.clone(), tor.clone(), ptx));
+        }
         let driver_stats = Arc::new(DriverStats::default());
         stats.push(driver_stats.clone());
         drivers.push(tokio::spawn(supervise_rnic(
@@ -211,8 +246,10 @@ pub fn start<R: Into<OpenedRnic>>(
                 shutdown: shutdown_tx.subscribe(),
                 reports: sink.clone(),
                 outcomes: None,
+                host_outcomes,
             },
             registrar.clone(),
+            hostping.then(|| (i, host_rnics_tx.clone())),
         )));
         tracing::info!(device = %rnic.device_name, gid = %gid, qpn = rnic.qpn, ip = %rnic.ip_address, "rnic ready");
     }
@@ -248,6 +285,18 @@ pub fn start<R: Into<OpenedRnic>>(
         registrar.clone(),
         shutdown_tx.subscribe(),
     )));
+    if hostping {
+        monitors.push(tokio::spawn(host_monitor::run(
+            Arc::new(cfg.clone()),
+            host_monitor::HostMonitorIo {
+                rnics: host_rnics_rx,
+                outcomes: host_outcome_rxs,
+                client: Some(client.clone()),
+                meter: metrics.meter().clone(),
+                shutdown: shutdown_tx.subscribe(),
+            },
+        )));
+    }
     Ok(RunningAgent {
         shutdown: shutdown_tx,
         drivers,
@@ -279,6 +328,7 @@ async fn supervise_rnic(
     stats: Arc<DriverStats>,
     mut io: DriverIo,
     registrar: Arc<Registrar>,
+    host_slot: Option<(usize, Arc<watch::Sender<Vec<HostRnic>>>)>,
 ) {
     let OpenedRnic {
         mut endpoint,
@@ -325,6 +375,14 @@ async fn supervise_rnic(
         };
         let new = endpoint.local();
         tracing::info!(device = %device, qpn = new.qpn, failures = reopener.failures(), "RNIC re-opened");
+        if let Some((i, rnics)) = &host_slot {
+            // The host's other RNICs probe the new address from now on.
+            rnics.send_modify(|v| {
+                if let Some(r) = v.get_mut(*i) {
+                    r.endpoint = new;
+                }
+            });
+        }
         if reopener.on_opened(old, new) {
             let gid = rpingmesh_proto::gid::format_gid(&new.gid);
             if registrar.replace_rnic(&device, &gid, new.qpn).await {

@@ -60,6 +60,19 @@ pub const KEYS: &[&str] = &[
     "service_flow_report_interval_ms",
     "metrics_exporter",
     "prometheus_listen_addr",
+    "hostping_enabled",
+    "hostping_r2r_interval_ms",
+    "hostping_r2r_timeout_ms",
+    "hostping_r2r_window_sec",
+    "hostping_timeout_th",
+    "hostping_monitor_interval_ms",
+    "hostping_check_interval_sec",
+    "hostping_thp_low",
+    "hostping_pfc_high",
+    "hostping_abnormal_th",
+    "hostping_util_high",
+    "hostping_loopback_enabled",
+    "hostping_loopback_samples",
 ];
 
 pub const ENV_PREFIX: &str = "RPINGMESH_";
@@ -178,6 +191,32 @@ pub struct AgentConfig {
     /// Distinct `service` metric attribute values; beyond it the value is "other".
     pub max_service_names: usize,
     pub service_flow_report_interval_ms: u64,
+    /// Hostping inside the running agent: R2R probing between this host's RNICs, the RNIC counter monitor, and the host check (PCIe links, port states, loopback tests).
+    pub hostping_enabled: bool,
+    /// Each RNIC probes one other RNIC of the host this often (the paper: 100 ms).
+    pub hostping_r2r_interval_ms: u64,
+    /// An R2R probe without ACKs after this is a timeout (the paper: 500 ms).
+    pub hostping_r2r_timeout_ms: u64,
+    /// R2R outcomes are judged per window (the paper: 20 s).
+    pub hostping_r2r_window_sec: u64,
+    /// An RNIC whose R2R timeout rate is over this has a network problem (Timeout_th).
+    pub hostping_timeout_th: f64,
+    /// RNIC counters (throughput, Tx pause, drops) are sampled this often.
+    pub hostping_monitor_interval_ms: u64,
+    /// The host check (tree, PCIe links, ports, loopback tests) runs this often, and at once when the host turns idle or abnormal.
+    pub hostping_check_interval_sec: u64,
+    /// The host is idle below this share of line rate (Thp_low): loopback tests cover every RNIC x memory endpoint.
+    pub hostping_thp_low: f64,
+    /// The host is abnormal over this Tx pause ratio (PFC_high): loopback tests cover the affinitive endpoints only.
+    pub hostping_pfc_high: f64,
+    /// A loopback path this far below its affinitive peers is abnormal (Abnormal_th).
+    pub hostping_abnormal_th: f64,
+    /// A link this busy is congested, not failed (Util_high).
+    pub hostping_util_high: f64,
+    /// Run the loopback tests (rdma transport only: an RC QP connected to itself per RNIC x endpoint).
+    pub hostping_loopback_enabled: bool,
+    /// Loopback writes per message size and path.
+    pub hostping_loopback_samples: u32,
 }
 
 impl Default for AgentConfig {
@@ -230,6 +269,19 @@ impl Default for AgentConfig {
             service_names: std::collections::BTreeMap::new(),
             max_service_names: 32,
             service_flow_report_interval_ms: 1000,
+            hostping_enabled: true,
+            hostping_r2r_interval_ms: 100,
+            hostping_r2r_timeout_ms: 500,
+            hostping_r2r_window_sec: 20,
+            hostping_timeout_th: 0.1,
+            hostping_monitor_interval_ms: 1000,
+            hostping_check_interval_sec: 300,
+            hostping_thp_low: 0.05,
+            hostping_pfc_high: 0.03,
+            hostping_abnormal_th: 0.2,
+            hostping_util_high: 0.9,
+            hostping_loopback_enabled: true,
+            hostping_loopback_samples: 20,
         }
     }
 }
@@ -396,6 +448,45 @@ pub struct CliArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub service_flow_report_interval_ms: Option<u64>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hostping_enabled: Option<bool>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hostping_r2r_interval_ms: Option<u64>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hostping_r2r_timeout_ms: Option<u64>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hostping_r2r_window_sec: Option<u64>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hostping_timeout_th: Option<f64>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hostping_monitor_interval_ms: Option<u64>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hostping_check_interval_sec: Option<u64>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hostping_thp_low: Option<f64>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hostping_pfc_high: Option<f64>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hostping_abnormal_th: Option<f64>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hostping_util_high: Option<f64>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hostping_loopback_enabled: Option<bool>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hostping_loopback_samples: Option<u32>,
 }
 
 impl AgentConfig {
@@ -575,7 +666,59 @@ impl AgentConfig {
         if self.report_batch_max == 0 {
             return Err(err("report_batch_max must be > 0"));
         }
-        self.validate_service()
+        self.validate_service()?;
+        self.validate_hostping()
+    }
+
+    fn validate_hostping(&self) -> Result<(), ConfigError> {
+        for (key, v, max) in [
+            (
+                "hostping_r2r_interval_ms",
+                self.hostping_r2r_interval_ms,
+                60_000,
+            ),
+            (
+                "hostping_r2r_timeout_ms",
+                self.hostping_r2r_timeout_ms,
+                60_000,
+            ),
+            (
+                "hostping_r2r_window_sec",
+                self.hostping_r2r_window_sec,
+                3600,
+            ),
+            (
+                "hostping_monitor_interval_ms",
+                self.hostping_monitor_interval_ms,
+                60_000,
+            ),
+            (
+                "hostping_check_interval_sec",
+                self.hostping_check_interval_sec,
+                86_400,
+            ),
+            (
+                "hostping_loopback_samples",
+                u64::from(self.hostping_loopback_samples),
+                10_000,
+            ),
+        ] {
+            if !(1..=max).contains(&v) {
+                return Err(err(format!("{key} must be in 1..={max}, got {v}")));
+            }
+        }
+        for (key, v) in [
+            ("hostping_timeout_th", self.hostping_timeout_th),
+            ("hostping_thp_low", self.hostping_thp_low),
+            ("hostping_pfc_high", self.hostping_pfc_high),
+            ("hostping_abnormal_th", self.hostping_abnormal_th),
+            ("hostping_util_high", self.hostping_util_high),
+        ] {
+            if !(v > 0.0 && v < 1.0) {
+                return Err(err(format!("{key} must be in (0, 1), got {v}")));
+            }
+        }
+        Ok(())
     }
 
     pub fn exporter(&self) -> Result<Exporter, ConfigError> {

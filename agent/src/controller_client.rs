@@ -77,11 +77,13 @@ pub fn registration_request(cfg: &AgentConfig, rnics: &[LocalRnic]) -> AgentRegi
     }
 }
 
-pub fn pinglist_type(kind: PinglistKind) -> PinglistType {
+/// The controller's list type of `kind`; None for Host, which the agent makes itself.
+pub fn pinglist_type(kind: PinglistKind) -> Option<PinglistType> {
     match kind {
-        PinglistKind::TorMesh => PinglistType::TorMesh,
-        PinglistKind::InterTor => PinglistType::InterTor,
-        PinglistKind::Service => PinglistType::Service,
+        PinglistKind::TorMesh => Some(PinglistType::TorMesh),
+        PinglistKind::InterTor => Some(PinglistType::InterTor),
+        PinglistKind::Service => Some(PinglistType::Service),
+        PinglistKind::Host => None,
     }
 }
 
@@ -154,11 +156,16 @@ impl ControllerClient {
         requester_gid: &str,
         kind: PinglistKind,
     ) -> Result<Vec<PingTarget>, ControllerError> {
+        let ty = pinglist_type(kind).ok_or_else(|| {
+            ControllerError::Rpc(tonic::Status::invalid_argument(
+                "Host pinglists are made by the agent, not fetched",
+            ))
+        })?;
         let req = PinglistRequest {
             agent_id: agent_id.to_string(),
             tor_id: tor_id.to_string(),
             requester_gid: requester_gid.to_string(),
-            r#type: pinglist_type(kind) as i32,
+            r#type: ty as i32,
         };
         let resp = self
             .inner

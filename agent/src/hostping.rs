@@ -48,39 +48,14 @@ pub struct HostpingArgs {
     /// Read the host tree from a recording instead of /sys.
     #[arg(long, value_name = "FILE")]
     pub sysfs_recording: Option<PathBuf>,
-    /// Seconds of R2R probing (the paper's window: 20); 0 skips it.
+    /// Seconds of R2R probing, in windows of `hostping_r2r_window_sec`; 0 skips it. The
+    /// thresholds and the other timings are the agent's `hostping_*` config keys (flags
+    /// `--hostping-...`).
     #[arg(long, default_value_t = 20)]
     pub r2r_sec: u64,
-    /// Seconds per R2R window (the paper: 20); the verdict is the last window's.
-    #[arg(long, default_value_t = 20)]
-    pub r2r_window_sec: u64,
-    /// R2R probe interval per RNIC, ms (the paper: 100).
-    #[arg(long, default_value_t = 100)]
-    pub r2r_interval_ms: u64,
-    /// R2R probe timeout, ms (the paper: 500).
-    #[arg(long, default_value_t = 500)]
-    pub r2r_timeout_ms: u64,
-    /// Timeout rate over which an RNIC has a network problem (the paper's Timeout_th).
-    #[arg(long, default_value_t = 0.1)]
-    pub timeout_th: f64,
-    /// Idle below this share of line rate (Thp_low).
-    #[arg(long, default_value_t = 0.05)]
-    pub thp_low: f64,
-    /// Abnormal over this Tx pause ratio (PFC_high).
-    #[arg(long, default_value_t = 0.03)]
-    pub pfc_high: f64,
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
-    /// Skip the loopback tests.
-    #[arg(long)]
-    pub no_loopback: bool,
-    /// Loopback writes per message size and path.
-    #[arg(long, default_value_t = 20)]
-    pub loopback_samples: u32,
-    /// A path is abnormal this far below its peers (Abnormal_th).
-    #[arg(long, default_value_t = 0.2)]
-    pub abnormal_th: f64,
     /// Send the report to the controller (`controller_addr`), where `rpingmeshctl host`
     /// shows it. A report that cannot be sent makes the exit code 2.
     #[arg(long)]
@@ -90,7 +65,7 @@ pub struct HostpingArgs {
 }
 
 /// Everything one run found.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Clone)]
 pub struct HostReport {
     pub hostname: String,
     pub topology: HostTopology,
@@ -107,7 +82,7 @@ pub struct HostReport {
 
 /// Loopback tests: each RNIC writes to each NUMA node's memory through an RC QP
 /// connected to itself (GPU memory needs dma-buf or peer memory: not tested here).
-#[derive(Debug, Serialize, Default)]
+#[derive(Debug, Serialize, Default, Clone)]
 pub struct LoopbackReport {
     pub skipped: Option<String>,
     pub paths: Vec<LoopbackPath>,
@@ -117,7 +92,7 @@ pub struct LoopbackReport {
     pub verbs: Vec<(String, String, f64)>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Clone)]
 pub struct LoopbackPath {
     pub rnic: String,
     pub endpoint: String,
@@ -136,14 +111,14 @@ pub struct HostFindingLine {
     pub detail: String,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Clone)]
 pub struct PortReport {
     pub device: String,
     pub port: u32,
     pub rates: PortRates,
 }
 
-#[derive(Debug, Serialize, Default)]
+#[derive(Debug, Serialize, Default, Clone)]
 pub struct R2rReport {
     /// Why it did not run, if it did not.
     pub skipped: Option<String>,
@@ -160,6 +135,8 @@ pub struct R2rWindowReport {
     pub probes: u64,
     pub timeouts: u64,
     pub findings: Vec<R2rFinding>,
+    /// Each RNIC's timeout rate over the probes it sent or was sent (None: no probes).
+    pub timeout_rates: Vec<Option<f64>>,
 }
 
 /// Runs `hostping`; the process's exit code.
@@ -174,7 +151,7 @@ pub fn main(args: Vec<String>) -> std::process::ExitCode {
         }
     };
     if !args.once {
-        eprintln!("rpingmesh-agent hostping: only --once is available; the running agent does not run hostping yet");
+        eprintln!("rpingmesh-agent hostping: only --once is available here; the running agent checks its host all the time (hostping_enabled)");
         return ExitCode::from(2);
     }
     let mut agent_args = args.agent.clone();
@@ -253,12 +230,18 @@ fn loopback_verb_problems(l: &LoopbackReport) -> Vec<(String, String)> {
 }
 
 #[cfg(not(feature = "rdma"))]
-fn loopback_tests(
+pub fn loopback_tests(
     cfg: &AgentConfig,
     _: &HostTopology,
     _: HostMode,
-    _: &HostpingArgs,
+    _: &mut rpingmesh_hostping::linkstate::LinkStateInference,
 ) -> LoopbackReport {
+    if !cfg.hostping_loopback_enabled {
+        return LoopbackReport {
+            skipped: Some("hostping_loopback_enabled: false".into()),
+            ..Default::default()
+        };
+    }
     let why = match cfg.transport {
         Transport::Udp => "transport udp (loopback tests write through RDMA)",
         Transport::Rdma => "this build has no rdma backend (build with the `rdma` feature)",
@@ -270,18 +253,25 @@ fn loopback_tests(
 }
 
 /// Every RNIC the config allows x every NUMA node's memory (the affinitive subset when
-/// the host is busy), judged against peers, then Algorithm 1 over the verdicts.
+/// the host is busy), judged against peers, then a round of Algorithm 1 over the verdicts
+/// (`inference` keeps the links' history between rounds: gray streaks, flapping). Blocks
+/// for the length of the writes: call from a blocking context.
 #[cfg(feature = "rdma")]
-fn loopback_tests(
+pub fn loopback_tests(
     cfg: &AgentConfig,
     topo: &HostTopology,
     mode: HostMode,
-    args: &HostpingArgs,
+    inference: &mut rpingmesh_hostping::linkstate::LinkStateInference,
 ) -> LoopbackReport {
-    use rpingmesh_hostping::linkstate::LinkStateInference;
     use rpingmesh_hostping::loopback::{judge, plan, Timing};
     use rpingmesh_hostping::paths::{full_mesh, Endpoint};
     use rpingmesh_verbs::rdma::loopback::{run_loopback, LoopbackOptions};
+    if !cfg.hostping_loopback_enabled {
+        return LoopbackReport {
+            skipped: Some("hostping_loopback_enabled: false".into()),
+            ..Default::default()
+        };
+    }
     if cfg.transport != Transport::Rdma {
         return LoopbackReport {
             skipped: Some("transport udp (loopback tests write through RDMA)".into()),
@@ -310,7 +300,7 @@ fn loopback_tests(
         };
         let mut o = LoopbackOptions::new(&p.rnic);
         o.gid_index = u32::try_from(cfg.gid_index).unwrap_or(0);
-        o.samples = args.loopback_samples.max(1);
+        o.samples = cfg.hostping_loopback_samples.max(1);
         // A single-node kernel has no NUMA policy to set: leave it to the default.
         o.numa_node = (topo.numa_nodes.len() > 1).then_some(node);
         match run_loopback(&o) {
@@ -336,12 +326,13 @@ fn loopback_tests(
                 .push((p.rnic.clone(), format!("FAILED: {e}"), 0.0)),
         }
     }
-    let verdicts = judge(&timed, mode, args.abnormal_th);
-    let mut inference = LinkStateInference::new();
+    let verdicts = judge(&timed, mode, cfg.hostping_abnormal_th);
+    // No per-link utilization Linux exposes for these paths (UPI, memory channels): the
+    // congestion input stays empty, and an overloaded link reads as failed.
     let round = inference.round(
         &verdicts.iter().map(|m| m.verdict()).collect::<Vec<_>>(),
         &std::collections::BTreeMap::new(),
-        0.9,
+        cfg.hostping_util_high,
     );
     report.links = round.findings;
     report.paths = verdicts
@@ -385,6 +376,15 @@ pub fn to_proto(cfg: &AgentConfig, r: &HostReport, checked_unix_ns: u64) -> Host
 
 async fn send_report(cfg: &AgentConfig, r: &HostReport) -> anyhow::Result<()> {
     let client = crate::controller_client::ControllerClient::connect_lazy(cfg)?;
+    send_report_with(&client, cfg, r).await
+}
+
+/// One `ReportHostHealth` call, bounded to 10 s.
+pub async fn send_report_with(
+    client: &crate::controller_client::ControllerClient,
+    cfg: &AgentConfig,
+    r: &HostReport,
+) -> anyhow::Result<()> {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
@@ -450,26 +450,18 @@ pub async fn run_once(args: &HostpingArgs, cfg: &AgentConfig) -> Result<HostRepo
             rates,
         });
     }
-    let mode = hwmon::host_mode(
-        &mode_input,
-        ModeThresholds {
-            thp_low: args.thp_low,
-            pfc_high: args.pfc_high,
-        },
-    );
+    let mode = hwmon::host_mode(&mode_input, mode_thresholds(cfg));
     if let Some(path) = &args.record {
         let taken = replayed.clone().unwrap_or_else(|| recorder.recording());
         std::fs::write(path, taken.to_text()).map_err(|e| format!("{}: {e}", path.display()))?;
     }
     // 3. Loopback tests (rdma only), then R2R.
-    let loopback = if args.no_loopback {
-        LoopbackReport {
-            skipped: Some("--no-loopback".into()),
-            ..Default::default()
-        }
-    } else {
-        loopback_tests(cfg, &topology, mode, args)
-    };
+    let loopback = loopback_tests(
+        cfg,
+        &topology,
+        mode,
+        &mut rpingmesh_hostping::linkstate::LinkStateInference::new(),
+    );
     let r2r = if args.r2r_sec == 0 {
         R2rReport {
             skipped: Some("--r2r-sec 0".into()),
@@ -478,114 +470,136 @@ pub async fn run_once(args: &HostpingArgs, cfg: &AgentConfig) -> Result<HostRepo
     } else {
         r2r_probe(cfg, args).await
     };
+    Ok(HostReport::judge(cfg, topology, ports, mode, r2r, loopback))
+}
 
-    let mut findings: Vec<HostFindingLine> = Vec::new();
-    let mut found = |kind: &str, location: String, detail: String| {
-        findings.push(HostFindingLine {
-            kind: kind.into(),
-            location,
-            detail,
-        });
-    };
-    for d in topology.downgrades() {
-        found("pcie_downgrade", d.bdf.clone(), d.describe());
+/// The host is idle, busy or abnormal by these (config keys).
+pub fn mode_thresholds(cfg: &AgentConfig) -> ModeThresholds {
+    ModeThresholds {
+        thp_low: cfg.hostping_thp_low,
+        pfc_high: cfg.hostping_pfc_high,
     }
-    for p in &ports {
-        if p.rates.link_downed {
-            found(
-                "rnic_port",
-                format!("{}/{}", p.device, p.port),
-                format!(
-                    "{} port {}: the link went down during the sample",
-                    p.device, p.port
-                ),
-            );
+}
+
+impl HostReport {
+    /// Names the problems in what was gathered: one finding per downgraded link, port
+    /// down, R2R verdict, abnormal link of Algorithm 1 and failed verb.
+    pub fn judge(
+        cfg: &AgentConfig,
+        topology: HostTopology,
+        ports: Vec<PortReport>,
+        mode: HostMode,
+        r2r: R2rReport,
+        loopback: LoopbackReport,
+    ) -> HostReport {
+        let mut findings: Vec<HostFindingLine> = Vec::new();
+        let mut found = |kind: &str, location: String, detail: String| {
+            findings.push(HostFindingLine {
+                kind: kind.into(),
+                location,
+                detail,
+            });
+        };
+        for d in topology.downgrades() {
+            found("pcie_downgrade", d.bdf.clone(), d.describe());
         }
-    }
-    for r in &topology.rnics {
-        for p in &r.ports {
-            if p.state != "ACTIVE" {
+        for p in &ports {
+            if p.rates.link_downed {
                 found(
                     "rnic_port",
-                    format!("{}/{}", r.name, p.port),
-                    format!("{} port {}: state {}", r.name, p.port, p.state),
+                    format!("{}/{}", p.device, p.port),
+                    format!(
+                        "{} port {}: the link went down during the sample",
+                        p.device, p.port
+                    ),
                 );
             }
         }
-    }
-    for f in &r2r.findings {
-        use rpingmesh_hostping::r2r::R2rKind;
-        let kind = match f.kind {
-            R2rKind::Down => "r2r_down",
-            R2rKind::Sporadic => "r2r_sporadic",
-            R2rKind::Tor => "r2r_tor",
-            R2rKind::Miswired => "r2r_miswired",
-        };
-        let location = if f.groups.is_empty() {
-            f.rnics.join(",")
-        } else {
-            f.groups
-                .iter()
-                .map(|g| g.join(","))
-                .collect::<Vec<_>>()
-                .join(" | ")
-        };
-        found(kind, location, describe_r2r(f));
-    }
-    // An RNIC that cannot be opened is what a service would hit too (the TNET version's
-    // verb-call errors): a problem, unlike a host with one RNIC, which has no R2R.
-    if let Some(why) = r2r
-        .skipped
-        .as_deref()
-        .filter(|w| w.starts_with(CANNOT_OPEN))
-    {
-        found("verb_error", String::new(), format!("R2R: {why}"));
-    }
-    for l in &loopback.links {
-        use rpingmesh_hostping::linkstate::Cause;
-        let kind = match l.cause {
-            Cause::Failure => "link_failure",
-            Cause::Congestion => "link_congestion",
-            Cause::Flapping => "link_flapping",
-        };
-        let also = if l.alternatives.is_empty() {
-            String::new()
-        } else {
-            format!(
-                " (or {})",
-                l.alternatives
+        for r in &topology.rnics {
+            for p in &r.ports {
+                if p.state != "ACTIVE" {
+                    found(
+                        "rnic_port",
+                        format!("{}/{}", r.name, p.port),
+                        format!("{} port {}: state {}", r.name, p.port, p.state),
+                    );
+                }
+            }
+        }
+        for f in &r2r.findings {
+            use rpingmesh_hostping::r2r::R2rKind;
+            let kind = match f.kind {
+                R2rKind::Down => "r2r_down",
+                R2rKind::Sporadic => "r2r_sporadic",
+                R2rKind::Tor => "r2r_tor",
+                R2rKind::Miswired => "r2r_miswired",
+            };
+            let location = if f.groups.is_empty() {
+                f.rnics.join(",")
+            } else {
+                f.groups
                     .iter()
-                    .map(|a| a.to_string())
+                    .map(|g| g.join(","))
                     .collect::<Vec<_>>()
-                    .join(", ")
-            )
-        };
-        found(
-            kind,
-            l.link.to_string(),
-            format!(
-                "loopback: {}{also} slows {} path(s): {}",
-                l.link,
-                l.abnormal_cnt,
-                l.paths.join("; ")
-            ),
-        );
+                    .join(" | ")
+            };
+            found(kind, location, describe_r2r(f));
+        }
+        // An RNIC that cannot be opened is what a service would hit too (the TNET version's
+        // verb-call errors): a problem, unlike a host with one RNIC, which has no R2R.
+        if let Some(why) = r2r
+            .skipped
+            .as_deref()
+            .filter(|w| w.starts_with(CANNOT_OPEN))
+        {
+            found("verb_error", String::new(), format!("R2R: {why}"));
+        }
+        for l in &loopback.links {
+            use rpingmesh_hostping::linkstate::Cause;
+            let kind = match l.cause {
+                Cause::Failure => "link_failure",
+                Cause::Congestion => "link_congestion",
+                Cause::Flapping => "link_flapping",
+            };
+            let also = if l.alternatives.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    " (or {})",
+                    l.alternatives
+                        .iter()
+                        .map(|a| a.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            };
+            found(
+                kind,
+                l.link.to_string(),
+                format!(
+                    "loopback: {}{also} slows {} path(s): {}",
+                    l.link,
+                    l.abnormal_cnt,
+                    l.paths.join("; ")
+                ),
+            );
+        }
+        for (rnic, what) in loopback_verb_problems(&loopback) {
+            found("verb_error", rnic, what);
+        }
+        let problems = findings.iter().map(|f| f.detail.clone()).collect();
+        HostReport {
+            hostname: cfg.hostname.clone(),
+            downgrades: topology.downgrades(),
+            topology,
+            ports,
+            mode,
+            r2r,
+            loopback,
+            problems,
+            findings,
+        }
     }
-    for (rnic, what) in loopback_verb_problems(&loopback) {
-        found("verb_error", rnic, what);
-    }
-    let problems = findings.iter().map(|f| f.detail.clone()).collect();
-    Ok(HostReport {
-        hostname: cfg.hostname.clone(),
-        downgrades: topology.downgrades(),
-        topology,
-        ports,
-        mode,
-        r2r,
-        loopback,
-        problems,
-        findings,
-    })
 }
 
 fn describe_r2r(f: &R2rFinding) -> String {
@@ -637,13 +651,8 @@ async fn r2r_probe(cfg: &AgentConfig, args: &HostpingArgs) -> R2rReport {
     let mut params = DriverParams::from_config(cfg, rand::random());
     params.analysis_window_ns = None;
     params.responder_only = false;
-    let plan = R2rPlan {
-        interval: Duration::from_millis(args.r2r_interval_ms.max(1)),
-        timeout: Duration::from_millis(args.r2r_timeout_ms.max(1)),
-        duration: Duration::from_secs(args.r2r_sec),
-        window: Duration::from_secs(args.r2r_window_sec.max(1)),
-        timeout_th: args.timeout_th,
-    };
+    let mut plan = R2rPlan::from_config(cfg);
+    plan.duration = Duration::from_secs(args.r2r_sec);
     r2r_run(opened, params, &plan).await
 }
 
@@ -654,15 +663,128 @@ pub struct R2rPlan {
     pub interval: Duration,
     /// The paper: 500 ms.
     pub timeout: Duration,
+    /// How long `r2r_run` probes (the running agent: for as long as it runs).
     pub duration: Duration,
     /// Outcomes are judged per window (the paper: 20 s).
     pub window: Duration,
     pub timeout_th: f64,
 }
 
+impl R2rPlan {
+    /// The `hostping_*` keys; `duration` one window.
+    pub fn from_config(cfg: &AgentConfig) -> Self {
+        let window = Duration::from_secs(cfg.hostping_r2r_window_sec.max(1));
+        R2rPlan {
+            interval: Duration::from_millis(cfg.hostping_r2r_interval_ms.max(1)),
+            timeout: Duration::from_millis(cfg.hostping_r2r_timeout_ms.max(1)),
+            duration: window,
+            window,
+            timeout_th: cfg.hostping_timeout_th,
+        }
+    }
+
+    /// Sets the Host kind's pacing for `n` RNICs: each RNIC probes once per interval, its
+    /// n - 1 peers in turn (the paper picks a peer at random; in turn covers each equally).
+    pub fn pace(&self, params: &mut DriverParams, n: usize) {
+        let peers = n.saturating_sub(1).max(1) as u64;
+        let round_ns = (self.interval.as_nanos() as u64).saturating_mul(peers);
+        params.host_round_ns = round_ns.max(1);
+        params.host_rate = if n >= 2 { 1e9 / round_ns as f64 } else { 0.0 };
+    }
+}
+
+/// One RNIC of the host as R2R sees it: device name and current address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostRnic {
+    pub device: String,
+    pub endpoint: rpingmesh_verbs::Endpoint,
+}
+
+/// The Host targets of RNIC `me`: every other RNIC of the host.
+pub fn r2r_targets(rnics: &[HostRnic], me: usize) -> Vec<ProbeTarget> {
+    rnics
+        .iter()
+        .enumerate()
+        .filter(|(j, _)| *j != me)
+        .map(|(_, r)| {
+            let mut t = ProbeTarget::new(
+                r.endpoint.gid,
+                r.endpoint.qpn,
+                "hostping",
+                PinglistKind::Host,
+            );
+            t.device_name = r.device.clone();
+            t
+        })
+        .collect()
+}
+
+/// Counts R2R outcomes into the current window: `record` takes the outcomes of RNIC
+/// `from`'s probes (a target that is no longer one of the host's RNICs, e.g. the old
+/// address of a re-opened one, is not counted).
+pub struct R2rCollector {
+    names: Vec<String>,
+    index: BTreeMap<(String, u32), usize>,
+    window: R2rWindow,
+}
+
+impl R2rCollector {
+    pub fn new(rnics: &[HostRnic]) -> Self {
+        let names: Vec<String> = rnics.iter().map(|r| r.device.clone()).collect();
+        let mut c = R2rCollector {
+            window: R2rWindow::new(names.clone()),
+            names,
+            index: BTreeMap::new(),
+        };
+        c.set_rnics(rnics);
+        c
+    }
+
+    /// Follows re-opened RNICs (their QPN changes; the names and order stay).
+    pub fn set_rnics(&mut self, rnics: &[HostRnic]) {
+        self.index = rnics
+            .iter()
+            .enumerate()
+            .map(|(i, r)| ((format_gid(&r.endpoint.gid), r.endpoint.qpn), i))
+            .collect();
+    }
+
+    pub fn record(&mut self, from: usize, o: &TargetOutcome) {
+        let key = (o.target_gid.to_string(), o.target_qpn);
+        if let Some(&to) = self.index.get(&key) {
+            self.window
+                .record(from, to, matches!(o.outcome.result, ProbeResult::Lost));
+        }
+    }
+
+    /// Drains what each RNIC's channel holds (receiver `i` carries RNIC `i`'s outcomes).
+    pub fn drain(&mut self, rxs: &mut [mpsc::UnboundedReceiver<TargetOutcome>]) {
+        for (from, rx) in rxs.iter_mut().enumerate() {
+            while let Ok(o) = rx.try_recv() {
+                self.record(from, &o);
+            }
+        }
+    }
+
+    /// Closes the window: its counts and verdict; the next one starts empty.
+    pub fn close(&mut self, timeout_th: f64) -> R2rWindowReport {
+        let w = std::mem::replace(&mut self.window, R2rWindow::new(self.names.clone()));
+        R2rWindowReport {
+            probes: w.pairs.values().map(|p| p.0).sum(),
+            timeouts: w.pairs.values().map(|p| p.1).sum(),
+            findings: r2r::analyze(&w, timeout_th),
+            timeout_rates: (0..self.names.len()).map(|i| w.timeout_rate(i)).collect(),
+        }
+    }
+
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
+}
+
 /// Runs R2R over opened RNICs: one agent driver per RNIC (the same scheduler, prober,
 /// responder and transport as the running agent; no controller), each probing the
-/// others in turn (the paper picks a peer at random; in turn covers each equally).
+/// others with Host targets.
 pub async fn r2r_run(
     opened: Vec<OpenedRnic>,
     mut params: DriverParams,
@@ -675,47 +797,29 @@ pub async fn r2r_run(
             ..Default::default()
         };
     }
-    let interval_ns = plan.interval.as_nanos() as u64;
-    params.round_interval_ns = interval_ns * (n as u64 - 1);
-    params.tor_mesh_rate = 1e9 / interval_ns as f64 / (n - 1) as f64;
+    plan.pace(&mut params, n);
     params.probe_timeout_ns = plan.timeout.as_nanos() as u64;
-    let names: Vec<String> = opened
-        .iter()
-        .map(|o| o.endpoint.device_name().to_string())
-        .collect();
     let drivers: Vec<RnicDriver> = opened
         .into_iter()
         .map(|o| RnicDriver::new(o.endpoint, params.clone(), Metrics::disabled()))
         .collect();
-    let locals: Vec<_> = drivers.iter().map(|d| d.local()).collect();
-    let index: BTreeMap<(String, u32), usize> = locals
+    let rnics: Vec<HostRnic> = drivers
         .iter()
-        .enumerate()
-        .map(|(i, l)| ((format_gid(&l.gid), l.qpn), i))
+        .map(|d| HostRnic {
+            device: d.device_name().to_string(),
+            endpoint: d.local(),
+        })
         .collect();
+    let mut collector = R2rCollector::new(&rnics);
     let mut handles = Vec::new();
     let mut rxs = Vec::new();
     for (i, d) in drivers.into_iter().enumerate() {
-        let tor_mesh = (0..n)
-            .filter(|&j| j != i)
-            .map(|j| {
-                let mut t = ProbeTarget::new(
-                    locals[j].gid,
-                    locals[j].qpn,
-                    "hostping",
-                    PinglistKind::TorMesh,
-                );
-                t.device_name = names[j].clone();
-                t
-            })
-            .collect();
         let (tx, rx) = mpsc::unbounded_channel::<TargetOutcome>();
         handles.push(StaticDriver::spawn(
             d,
             Pinglists {
-                tor_mesh,
-                inter_tor: vec![],
-                service: vec![],
+                host: r2r_targets(&rnics, i),
+                ..Default::default()
             },
             None,
             Some(tx),
@@ -740,21 +844,8 @@ pub async fn r2r_run(
                 h.stop();
             }
         }
-        let mut w = R2rWindow::new(names.clone());
-        for (from, rx) in rxs.iter_mut().enumerate() {
-            while let Ok(o) = rx.try_recv() {
-                let key = (o.target_gid.to_string(), o.target_qpn);
-                if let Some(&to) = index.get(&key) {
-                    w.record(from, to, matches!(o.outcome.result, ProbeResult::Lost));
-                }
-            }
-        }
-        let findings = r2r::analyze(&w, plan.timeout_th);
-        windows.push(R2rWindowReport {
-            probes: w.pairs.values().map(|p| p.0).sum(),
-            timeouts: w.pairs.values().map(|p| p.1).sum(),
-            findings,
-        });
+        collector.drain(&mut rxs);
+        windows.push(collector.close(plan.timeout_th));
         if last {
             break;
         }
@@ -763,20 +854,23 @@ pub async fn r2r_run(
     for (_, t) in handles {
         let _ = t.await;
     }
-    let probes = windows.iter().map(|w| w.probes).sum();
-    let timeouts = windows.iter().map(|w| w.timeouts).sum();
-    // The verdict is the last window's: what the host is like now.
-    let findings = windows
-        .last()
-        .map(|w| w.findings.clone())
-        .unwrap_or_default();
-    R2rReport {
-        skipped: None,
-        rnics: names,
-        probes,
-        timeouts,
-        findings,
-        windows,
+    R2rReport::of_windows(collector.names().to_vec(), windows)
+}
+
+impl R2rReport {
+    /// The verdict is the last window's: what the host is like now.
+    pub fn of_windows(rnics: Vec<String>, windows: Vec<R2rWindowReport>) -> Self {
+        R2rReport {
+            skipped: None,
+            rnics,
+            probes: windows.iter().map(|w| w.probes).sum(),
+            timeouts: windows.iter().map(|w| w.timeouts).sum(),
+            findings: windows
+                .last()
+                .map(|w| w.findings.clone())
+                .unwrap_or_default(),
+            windows,
+        }
     }
 }
 

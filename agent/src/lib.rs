@@ -4,11 +4,14 @@
 //! The protocol logic lives in `rpingmesh-protocol` (sans-IO); this crate only drives it:
 //! `rnic` owns a transport endpoint and runs the select loop, `cluster_monitor` keeps the
 //! pinglists fresh, `report` ships per-path summaries, `telemetry` exports OTLP metrics.
+//! `hostping` is the intra-host check (`hostping --once`) and `host_monitor` runs it
+//! inside the agent.
 
 pub mod agent;
 pub mod cluster_monitor;
 pub mod config;
 pub mod controller_client;
+pub mod host_monitor;
 pub mod hostping;
 pub mod reopen;
 pub mod report;

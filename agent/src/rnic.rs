@@ -49,6 +49,10 @@ pub struct DriverParams {
     pub tor_mesh_rate: f64,
     pub inter_tor_rate: f64,
     pub service_rate: f64,
+    /// Hostping R2R: per-target probes/s of the host's own RNICs (0 when it is off), each
+    /// due once per `host_round_ns`.
+    pub host_rate: f64,
+    pub host_round_ns: u64,
     pub probe_timeout_ns: u64,
     /// No new probe starts while this many are outstanding.
     pub max_in_flight: usize,
@@ -75,6 +79,8 @@ impl DriverParams {
             tor_mesh_rate: cfg.tor_mesh_rate(),
             inter_tor_rate: cfg.inter_tor_rate(),
             service_rate: cfg.service_rate(),
+            host_rate: 0.0,
+            host_round_ns: 1_000_000_000,
             probe_timeout_ns: cfg.probe_timeout_ms.saturating_mul(1_000_000),
             max_in_flight: 4096,
             flow_label_rotation_period_sec: cfg.flow_label_rotation_period_sec,
@@ -91,10 +97,15 @@ impl DriverParams {
         }
     }
 
-    /// Per-target rates of (ToR-mesh, inter-ToR, SERVICE) under `multiplier`.
-    pub fn scaled_rates(&self, multiplier: f64) -> [f64; 3] {
-        [self.tor_mesh_rate, self.inter_tor_rate, self.service_rate]
-            .map(|r| scaled_rate(r, multiplier))
+    /// Per-target rates of (ToR-mesh, inter-ToR, SERVICE, Host) under `multiplier`.
+    pub fn scaled_rates(&self, multiplier: f64) -> [f64; 4] {
+        [
+            self.tor_mesh_rate,
+            self.inter_tor_rate,
+            self.service_rate,
+            self.host_rate,
+        ]
+        .map(|r| scaled_rate(r, multiplier))
     }
 }
 
@@ -173,7 +184,10 @@ pub struct DriverIo {
     /// `true` (or a dropped sender) stops the driver after a last report flush.
     pub shutdown: watch::Receiver<bool>,
     pub reports: Option<ReportSink>,
+    /// Every outcome (tests, benches, `hostping --once`).
     pub outcomes: Option<mpsc::UnboundedSender<TargetOutcome>>,
+    /// Outcomes of Host (R2R) targets only: the running agent's Hostping monitor.
+    pub host_outcomes: Option<mpsc::UnboundedSender<TargetOutcome>>,
 }
 
 /// Reads a received datagram: exactly one 40-byte packet, else the reason it is dropped.
@@ -333,8 +347,8 @@ struct State {
     responder: Responder<Endpoint>,
     scheduler: ProbeScheduler,
     has_targets: bool,
-    /// The scheduled targets of (ToR-mesh, inter-ToR, SERVICE), kept to re-apply rates.
-    kind_targets: [Vec<TargetId>; 3],
+    /// The scheduled targets of each kind (`PinglistKind` order), kept to re-apply rates.
+    kind_targets: [Vec<TargetId>; 4],
     /// Bits of the multiplier the scheduler's rates were last set with.
     applied_multiplier_bits: u64,
     targets: IdMap<TargetState>,
@@ -357,6 +371,7 @@ struct State {
     stats: Arc<DriverStats>,
     reports: Option<ReportSink>,
     outcomes: Option<mpsc::UnboundedSender<TargetOutcome>>,
+    host_outcomes: Option<mpsc::UnboundedSender<TargetOutcome>>,
     timeouts: Vec<ProbeOutcome>,
     next_housekeeping_ns: u64,
     next_flush_ns: u64,
@@ -438,6 +453,7 @@ impl RnicDriver {
             stats: Arc::new(DriverStats::default()),
             reports: None,
             outcomes: None,
+            host_outcomes: None,
             timeouts: Vec::new(),
             next_housekeeping_ns: now + HOUSEKEEPING_NS,
             next_flush_ns: now + REPORT_FLUSH_NS,
@@ -448,6 +464,10 @@ impl RnicDriver {
 
     pub fn local(&self) -> Endpoint {
         self.state.own
+    }
+
+    pub fn device_name(&self) -> &str {
+        self.endpoint.device_name()
     }
 
     /// Counts into `stats` (e.g. the counters of the driver this one replaces after a
@@ -482,6 +502,7 @@ impl RnicDriver {
         }
         state.reports = io.reports.clone();
         state.outcomes = io.outcomes.clone();
+        state.host_outcomes = io.host_outcomes.clone();
         let lists = io.pinglists.borrow_and_update().clone();
         state.apply_pinglists(&endpoint, &lists, monotonic_ns());
         let mut pinglists_open = true;
@@ -834,6 +855,22 @@ impl State {
         let Some(t) = self.targets.get(&o.target) else {
             return;
         };
+        if t.key.kind == PinglistKind::Host {
+            // R2R is judged inside the host: no ToR-pair metrics, no summaries.
+            let tap = |to: &Option<mpsc::UnboundedSender<TargetOutcome>>| {
+                if let Some(tx) = to {
+                    let _ = tx.send(TargetOutcome {
+                        target_gid: t.key.gid.clone(),
+                        target_qpn: t.key.qpn,
+                        outcome: o,
+                        fail_reason: reason,
+                    });
+                }
+            };
+            tap(&self.host_outcomes);
+            tap(&self.outcomes);
+            return;
+        }
         match (&o.result, reason) {
             (ProbeResult::Success(s), _) => {
                 bump(&self.stats.probe_success);
@@ -933,7 +970,7 @@ impl State {
         }
         ep.reserve_paths(path_count(lists));
         let mut keep: HashSet<TargetId> = HashSet::new();
-        let mut by_kind: [Vec<TargetId>; 3] = [Vec::new(), Vec::new(), Vec::new()];
+        let mut by_kind: [Vec<TargetId>; 4] = Default::default();
         for kind in PinglistKind::ALL {
             for spec in lists.list(kind) {
                 // Never probe ourselves, whatever the list says.
@@ -974,12 +1011,12 @@ impl State {
         self.targets.retain(|id, _| keep.contains(id));
         self.ids.retain(|_, id| keep.contains(id));
         self.has_targets = !keep.is_empty();
-        let [tor_mesh, inter_tor, service] = by_kind;
+        let [tor_mesh, inter_tor, service, host] = by_kind;
         tracing::info!(
             gid = %self.own_gid, tor_mesh = tor_mesh.len(), inter_tor = inter_tor.len(),
-            service = service.len(), "probe targets set"
+            service = service.len(), host = host.len(), "probe targets set"
         );
-        self.kind_targets = [tor_mesh, inter_tor, service];
+        self.kind_targets = [tor_mesh, inter_tor, service, host];
         self.applied_multiplier_bits = self.current_multiplier_bits();
         self.apply_rates(now);
     }
@@ -1007,8 +1044,15 @@ impl State {
     /// Hands the scheduler every kind's targets at its rate x the applied multiplier.
     fn apply_rates(&mut self, now: u64) {
         let m = f64::from_bits(self.applied_multiplier_bits);
-        let [tor_mesh_rate, inter_tor_rate, service_rate] = self.p.scaled_rates(m);
-        let [tor_mesh, inter_tor, service] = &self.kind_targets;
+        let [tor_mesh_rate, inter_tor_rate, service_rate, host_rate] = self.p.scaled_rates(m);
+        let [tor_mesh, inter_tor, service, host] = &self.kind_targets;
+        self.scheduler.set_targets_every(
+            PinglistKind::Host,
+            host.clone(),
+            host_rate,
+            self.p.host_round_ns,
+            now,
+        );
         self.scheduler
             .set_targets(PinglistKind::Service, service.clone(), service_rate, now);
         self.scheduler
@@ -1048,7 +1092,9 @@ impl State {
         } else {
             PathAttrs::new(&self.p.source_tor, &spec.tor_id)
         };
-        self.metrics.init_path(&attrs);
+        if spec.kind != PinglistKind::Host {
+            self.metrics.init_path(&attrs);
+        }
         TargetState {
             endpoint: Endpoint {
                 gid: spec.gid,
@@ -1095,6 +1141,7 @@ impl StaticDriver {
             shutdown: srx,
             reports,
             outcomes,
+            host_outcomes: None,
         }));
         (
             StaticDriver {
@@ -1255,12 +1302,12 @@ mod tests {
             },
             0,
         );
-        assert_eq!(p.scaled_rates(1.0), [10.0, 1.0, 10.0]);
-        assert_eq!(p.scaled_rates(0.5), [5.0, 0.5, 5.0]);
-        assert_eq!(p.scaled_rates(0.1), [1.0, 0.1, 1.0]);
+        assert_eq!(p.scaled_rates(1.0), [10.0, 1.0, 10.0, 0.0]);
+        assert_eq!(p.scaled_rates(0.5), [5.0, 0.5, 5.0, 0.0]);
+        assert_eq!(p.scaled_rates(0.1), [1.0, 0.1, 1.0, 0.0]);
         // Never stop, never speed up.
-        assert_eq!(p.scaled_rates(0.0), [10.0, 1.0, 10.0]);
-        assert_eq!(p.scaled_rates(2.0), [10.0, 1.0, 10.0]);
+        assert_eq!(p.scaled_rates(0.0), [10.0, 1.0, 10.0, 0.0]);
+        assert_eq!(p.scaled_rates(2.0), [10.0, 1.0, 10.0, 0.0]);
     }
 
     /// Probes the scheduler hands out over [from, to) polled every ms.
@@ -1313,6 +1360,7 @@ mod tests {
             tor_mesh: vec![target(1, PinglistKind::TorMesh)],
             inter_tor: vec![target(2, PinglistKind::InterTor)],
             service: vec![],
+            host: vec![],
         };
         st.apply_pinglists(&endpoint, &lists, 0);
         // Unthrottled: 20/s + 10/s over 10 s.

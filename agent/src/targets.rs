@@ -93,6 +93,8 @@ pub struct Pinglists {
     pub tor_mesh: Vec<ProbeTarget>,
     pub inter_tor: Vec<ProbeTarget>,
     pub service: Vec<ProbeTarget>,
+    /// Hostping R2R: the other RNICs of this host (made by the agent, not fetched).
+    pub host: Vec<ProbeTarget>,
 }
 
 impl Pinglists {
@@ -101,6 +103,7 @@ impl Pinglists {
             PinglistKind::TorMesh => &self.tor_mesh,
             PinglistKind::InterTor => &self.inter_tor,
             PinglistKind::Service => &self.service,
+            PinglistKind::Host => &self.host,
         }
     }
     pub fn list_mut(&mut self, kind: PinglistKind) -> &mut Vec<ProbeTarget> {
@@ -108,6 +111,7 @@ impl Pinglists {
             PinglistKind::TorMesh => &mut self.tor_mesh,
             PinglistKind::InterTor => &mut self.inter_tor,
             PinglistKind::Service => &mut self.service,
+            PinglistKind::Host => &mut self.host,
         }
     }
 }

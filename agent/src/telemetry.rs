@@ -153,6 +153,8 @@ pub struct Metrics {
     transport_failures: Counter<u64>,
     event_ring_dropped: Counter<u64>,
     tracer_ringbuf_dropped: Counter<u64>,
+    /// For instruments built elsewhere (the Hostping monitor's gauges).
+    meter: Meter,
 }
 
 impl Metrics {
@@ -220,7 +222,12 @@ impl Metrics {
                     "QP lifecycle events the eBPF tracer dropped because its ring buffer was full",
                 )
                 .build(),
+            meter: meter.clone(),
         }
+    }
+
+    pub fn meter(&self) -> &Meter {
+        &self.meter
     }
 
     /// Instruments that record nowhere (metrics_enabled: false).

@@ -21,6 +21,8 @@ fn params(tor: &str, window_sec: Option<u64>) -> DriverParams {
         tor_mesh_rate: 100.0,
         inter_tor_rate: 100.0,
         service_rate: 100.0,
+        host_rate: 0.0,
+        host_round_ns: 1_000_000_000,
         probe_timeout_ns: 1_000_000_000,
         max_in_flight: 64,
         flow_label_rotation_period_sec: 3600,
@@ -70,6 +72,7 @@ async fn probes_succeed_and_network_rtt_is_below_the_round_trip() {
         tor_mesh: vec![],
         inter_tor: vec![target_of(&b_ep, "tor-b", PinglistKind::InterTor)],
         service: vec![],
+        host: vec![],
     };
     let (ha, ta) = StaticDriver::spawn(a, lists, None, Some(otx));
     // B only answers (empty pinglist).
@@ -139,6 +142,7 @@ async fn garbage_is_counted_and_dropped_while_probing_continues() {
             tor_mesh: vec![target_of(&b_ep, "tor-a", PinglistKind::TorMesh)],
             inter_tor: vec![],
             service: vec![],
+            host: vec![],
         },
         None,
         Some(otx),
@@ -149,6 +153,7 @@ async fn garbage_is_counted_and_dropped_while_probing_continues() {
             tor_mesh: vec![target_of(&a_ep, "tor-a", PinglistKind::TorMesh)],
             inter_tor: vec![],
             service: vec![],
+            host: vec![],
         },
         None,
         None,
@@ -218,6 +223,7 @@ async fn windows_become_path_summaries_and_shutdown_flushes() {
         tor_mesh: vec![],
         inter_tor: vec![target_of(&b_ep, "tor-b", PinglistKind::InterTor)],
         service: vec![],
+        host: vec![],
     };
     let (ha, ta) = StaticDriver::spawn(a, lists, Some(sink), Some(otx));
     let (hb, tb) = StaticDriver::spawn(b, Pinglists::default(), None, None);
@@ -253,6 +259,7 @@ async fn pinglist_updates_retarget_and_self_is_never_probed() {
         tor_mesh: vec![target_of(&a_ep, "tor-a", PinglistKind::TorMesh)],
         inter_tor: vec![target_of(&b_ep, "tor-b", PinglistKind::InterTor)],
         service: vec![],
+        host: vec![],
     };
     let (ha, ta) = StaticDriver::spawn(a, lists, None, Some(otx));
     let (hb, tb) = StaticDriver::spawn(b, Pinglists::default(), None, None);
@@ -264,6 +271,7 @@ async fn pinglist_updates_retarget_and_self_is_never_probed() {
         tor_mesh: vec![],
         inter_tor: vec![target_of(&c_ep, "tor-c", PinglistKind::InterTor)],
         service: vec![],
+        host: vec![],
     }));
     let answered_b = hb.stats.snapshot().probes_answered;
     // Drain in-flight results for B, then only C is probed.
@@ -307,6 +315,7 @@ async fn agent_answers_probes_with_an_unreachable_controller() {
         tor_mesh: vec![],
         inter_tor: vec![target_of(&agent_ep, "tor-x", PinglistKind::InterTor)],
         service: vec![],
+        host: vec![],
     };
     let (hp, tp) = StaticDriver::spawn(p, lists, None, Some(otx));
     let outs = collect(&mut orx, 5, Duration::from_secs(5)).await;

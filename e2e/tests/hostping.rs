@@ -4,6 +4,7 @@
 //! process's exit code and its JSON report are what is checked.
 
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 use rpingmesh_e2e::netns::{cleanup_stale, Netns};
 use rpingmesh_e2e::{bin, http_get, skip_unless_root, spawn_controller, AGENT_BIN};
@@ -35,7 +36,7 @@ fn hostping_on(ns: &Netns, addrs: &str, extra: &[&str]) -> Run {
         addrs,
         "--r2r-sec",
         "4",
-        "--r2r-window-sec",
+        "--hostping-r2r-window-sec",
         "2",
     ];
     args.extend_from_slice(extra);
@@ -302,4 +303,161 @@ fn hostping_report_is_stored_and_shown_by_rpingmeshctl_host() {
         "{}",
         failed.stderr
     );
+}
+
+/// Hostping inside the running agent: its four RNICs probe each other beside the
+/// controller's lists, and the host's findings reach the controller (`rpingmeshctl
+/// hosts`) and the agent's metrics when an RNIC is cut off, and clear when it is back.
+/// Three cut/heal cycles with 2 s R2R windows: the behaviour over many of its periods.
+#[test]
+fn running_agent_reports_host_findings_as_they_open_and_clear() {
+    if skip_unless_root("running_agent_reports_host_findings_as_they_open_and_clear") {
+        return;
+    }
+    cleanup_stale();
+    let ns = Netns::new(&format!("rpm{}hd", std::process::id())).expect("netns");
+    let dir = tempfile::tempdir().unwrap();
+    let ctl =
+        spawn_controller(dir.path(), "controller", Some(&ns.name), "127.0.0.1:0", &[]).unwrap();
+    let addr = ctl.addr.to_string();
+    let agent = rpingmesh_e2e::AgentArgs {
+        agent_id: "agent-9".into(),
+        tor_id: "tor-9".into(),
+        controller_addr: addr.clone(),
+        udp_addresses: ADDRS.iter().map(|a| a.parse().unwrap()).collect(),
+        extra: [
+            "--hostname",
+            "gpu-host-9",
+            "--hostping-r2r-window-sec",
+            "2",
+            "--hostping-check-interval-sec",
+            "5",
+            "--metrics-exporter",
+            "prometheus",
+            "--prometheus-listen-addr",
+            "127.0.0.1:19465",
+            "--service-tracing-mode",
+            "off",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect(),
+    };
+    let mut proc = rpingmesh_e2e::spawn_agent(dir.path(), Some(&ns.name), &agent).unwrap();
+
+    let hosts = || -> Vec<Value> {
+        let cli = bin("rpingmeshctl");
+        let out = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &ns.name,
+                cli.to_str().unwrap(),
+                "--controller",
+                &addr,
+                "hosts",
+                "--json",
+            ])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    };
+    let kinds = |rows: &[Value]| -> Option<Vec<(String, String)>> {
+        let row = rows.iter().find(|r| r["hostname"] == "gpu-host-9")?;
+        Some(
+            row["findings"]
+                .as_array()?
+                .iter()
+                .map(|f| {
+                    (
+                        f["kind"].as_str().unwrap_or("").to_string(),
+                        f["location"].as_str().unwrap_or("").to_string(),
+                    )
+                })
+                .collect(),
+        )
+    };
+    let wait_for = |want: &[(&str, &str)], bound: Duration, what: &str| -> Duration {
+        let t0 = Instant::now();
+        let want: Vec<(String, String)> = want
+            .iter()
+            .map(|(k, l)| (k.to_string(), l.to_string()))
+            .collect();
+        loop {
+            let rows = hosts();
+            if kinds(&rows).as_deref() == Some(&want[..]) {
+                return t0.elapsed();
+            }
+            assert!(
+                t0.elapsed() < bound,
+                "{what}: not {want:?} after {bound:?}: {rows:?}\nagent log:\n{}",
+                rpingmesh_e2e::tail_lines(&proc.stderr(), 30)
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    };
+    let metric = |kind: &str| -> Option<String> {
+        let scrape = ns
+            .run_in(|| http_get("127.0.0.1:19465".parse().unwrap(), "/metrics", "text/plain"))
+            .ok()?
+            .ok()?;
+        scrape
+            .2
+            .lines()
+            .find(|l| {
+                l.starts_with("rpingmesh_hostping_findings{")
+                    && l.contains(&format!("kind=\"{kind}\""))
+            })
+            .map(str::to_string)
+    };
+
+    // Healthy: the first window's report, with nothing found.
+    let first = wait_for(&[], Duration::from_secs(20), "healthy host");
+    eprintln!("hostping daemon: first report after {first:?}");
+    for cycle in 1..=3 {
+        drop_rules(
+            &ns,
+            "  ip daddr 127.0.0.13 drop\n  ip saddr 127.0.0.13 drop",
+        );
+        // Within two windows (the one the cut lands in may still be mostly clean).
+        let opened = wait_for(
+            &[("r2r_down", "udp2")],
+            Duration::from_secs(10),
+            &format!("cycle {cycle}: cut"),
+        );
+        let line = metric("r2r_down").unwrap_or_default();
+        assert!(
+            line.contains("hostname=\"gpu-host-9\"") && line.ends_with(" 1"),
+            "cycle {cycle}: {line:?}"
+        );
+        let _ = ns.exec(&["nft", "delete", "table", "inet", "hostping"]);
+        let cleared = wait_for(
+            &[],
+            Duration::from_secs(10),
+            &format!("cycle {cycle}: heal"),
+        );
+        let line = metric("r2r_down").unwrap_or_default();
+        assert!(line.ends_with(" 0"), "cycle {cycle}: {line:?}");
+        eprintln!("hostping daemon: cycle {cycle}: finding in {opened:?}, cleared in {cleared:?}");
+    }
+    // R2R stays inside the host: no ToR-pair series toward a "hostping" ToR, and the
+    // agent's probing of the controller's lists went on (its ToR-mesh has the same RNICs).
+    let scrape = ns
+        .run_in(|| http_get("127.0.0.1:19465".parse().unwrap(), "/metrics", "text/plain"))
+        .unwrap()
+        .unwrap()
+        .2;
+    assert!(!scrape.contains("target_tor=\"hostping\""));
+    assert!(
+        scrape.contains("rpingmesh_hostping_r2r_timeout_ratio{"),
+        "{scrape}"
+    );
+    assert!(scrape.contains("rpingmesh_hostping_host_mode{"), "{scrape}");
+    assert!(proc.alive(), "{}", proc.stderr());
+    let mut ctl = ctl;
+    proc.stop();
+    ctl.proc.stop();
 }

@@ -21,10 +21,22 @@ pub enum PinglistKind {
     InterTor = 1,
     /// Live service paths learned from QP tracing (probed on the service's flow label).
     Service = 2,
+    /// Hostping's RNIC-to-RNIC probes between the RNICs of one host: made by the agent
+    /// itself, judged inside the host, never fetched from or reported to the controller
+    /// (no `PinglistType` has this number).
+    Host = 3,
 }
 
 impl PinglistKind {
-    pub const ALL: [PinglistKind; 3] = [
+    /// Every kind a driver probes.
+    pub const ALL: [PinglistKind; 4] = [
+        PinglistKind::TorMesh,
+        PinglistKind::InterTor,
+        PinglistKind::Service,
+        PinglistKind::Host,
+    ];
+    /// The kinds the controller hands out and receives summaries of.
+    pub const FROM_CONTROLLER: [PinglistKind; 3] = [
         PinglistKind::TorMesh,
         PinglistKind::InterTor,
         PinglistKind::Service,

@@ -79,6 +79,8 @@ struct KindState {
     queue: VecDeque<TargetId>,
     queued: HashSet<TargetId>,
     bucket: TokenBucket,
+    /// This kind's round (the scheduler's unless set with `set_targets_every`).
+    round_ns: u64,
     next_round_ns: u64,
     /// False for an empty target list or an unusable rate: nothing is polled.
     active: bool,
@@ -112,6 +114,21 @@ impl ProbeScheduler {
         per_target_rate: f64,
         now_ns: u64,
     ) {
+        let round = self.round_interval_ns;
+        self.set_targets_every(kind, targets, per_target_rate, round, now_ns);
+    }
+
+    /// `set_targets` with this kind's own round (Hostping's R2R probes each peer once per
+    /// `interval x peers`, whatever the cluster kinds' round is). 0 is taken as 1 ns.
+    pub fn set_targets_every(
+        &mut self,
+        kind: PinglistKind,
+        targets: Vec<TargetId>,
+        per_target_rate: f64,
+        round_ns: u64,
+        now_ns: u64,
+    ) {
+        let round_ns = round_ns.max(1);
         let n = targets.len();
         let rate_ok = per_target_rate.is_finite() && per_target_rate > 0.0;
         let bucket = TokenBucket::new(per_target_rate * n as f64, n.max(1) as f64, now_ns);
@@ -123,6 +140,10 @@ impl ProbeScheduler {
             k.targets = targets;
             k.bucket = bucket;
             k.active = active;
+            if k.round_ns != round_ns {
+                k.round_ns = round_ns;
+                k.next_round_ns = k.next_round_ns.min(now_ns.saturating_add(round_ns));
+            }
         } else {
             self.kinds.push(KindState {
                 kind,
@@ -130,6 +151,7 @@ impl ProbeScheduler {
                 queue: VecDeque::new(),
                 queued: HashSet::new(),
                 bucket,
+                round_ns,
                 next_round_ns: now_ns,
                 active,
             });
@@ -139,8 +161,8 @@ impl ProbeScheduler {
 
     /// Next target due at `now_ns`, if any kind has one and a token for it.
     pub fn poll(&mut self, now_ns: u64) -> Option<(PinglistKind, TargetId)> {
-        let interval = self.round_interval_ns;
         for k in self.kinds.iter_mut().filter(|k| k.active) {
+            let interval = k.round_ns;
             if now_ns >= k.next_round_ns {
                 // One round's worth even if several were missed; the next round starts
                 // on the original grid.
@@ -393,6 +415,31 @@ mod tests {
             kinds,
             [InterTor, Service, TorMesh, InterTor, Service, TorMesh]
         );
-        assert_eq!(PinglistKind::ALL.map(|k| k as i32), [0, 1, 2]);
+        assert_eq!(PinglistKind::ALL.map(|k| k as i32), [0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn a_kind_with_its_own_round_keeps_it() {
+        // ToR-mesh on the scheduler's 1 s round; Host on a 300 ms round (3 peers at one
+        // probe per 100 ms): over 3 s, ToR-mesh targets are due 3 times, Host ones 10.
+        let mut s = ProbeScheduler::new(S);
+        s.set_targets(TorMesh, vec![1, 2], 100.0, 0);
+        s.set_targets_every(
+            PinglistKind::Host,
+            vec![7, 8, 9],
+            1e9 / 300e6,
+            300_000_000,
+            0,
+        );
+        let mut sent: std::collections::BTreeMap<PinglistKind, usize> = Default::default();
+        let mut now = 0;
+        while now < 3 * S {
+            while let Some((k, _)) = s.poll(now) {
+                *sent.entry(k).or_default() += 1;
+            }
+            now += 1_000_000;
+        }
+        assert_eq!(sent[&TorMesh], 6);
+        assert_eq!(sent[&PinglistKind::Host], 30);
     }
 }

@@ -89,6 +89,8 @@ fn params() -> DriverParams {
         tor_mesh_rate: 0.0,
         inter_tor_rate: 1.0,
         service_rate: 1.0,
+        host_rate: 0.0,
+        host_round_ns: 1_000_000_000,
         probe_timeout_ns: 0,
         max_in_flight: 4096,
         flow_label_rotation_period_sec: 3600,

@@ -397,6 +397,8 @@ async fn probe_phase(dur: Duration) -> ProbePhase {
         tor_mesh_rate: per_target,
         inter_tor_rate: per_target,
         service_rate: per_target,
+        host_rate: 0.0,
+        host_round_ns: 1_000_000_000,
         probe_timeout_ns: 500_000_000,
         max_in_flight: 64,
         flow_label_rotation_period_sec: 3600,
@@ -431,6 +433,7 @@ async fn probe_phase(dur: Duration) -> ProbePhase {
             tor_mesh,
             inter_tor: vec![],
             service: vec![],
+            host: vec![],
         }
     };
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<TargetOutcome>();
