@@ -294,6 +294,7 @@ pub fn start<R: Into<OpenedRnic>>(
                 client: Some(client.clone()),
                 meter: metrics.meter().clone(),
                 shutdown: shutdown_tx.subscribe(),
+                sysfs: rpingmesh_hostping::sysfs::RealSysfs::host(),
             },
         )));
     }

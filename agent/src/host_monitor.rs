@@ -51,6 +51,8 @@ pub struct HostMonitorIo {
     pub client: Option<ControllerClient>,
     pub meter: Meter,
     pub shutdown: watch::Receiver<bool>,
+    /// Where sysfs is (`RealSysfs::host()`; benches and tests give a tree of their own).
+    pub sysfs: RealSysfs,
 }
 
 /// Gauges with host-level attributes (`hostname`, and `device`/`port`/`kind`).
@@ -186,7 +188,7 @@ fn signature(r: &HostReport) -> BTreeSet<(String, String)> {
 
 /// Runs until shutdown.
 pub async fn run(cfg: Arc<AgentConfig>, mut io: HostMonitorIo) {
-    let fs = RealSysfs::host();
+    let fs = io.sysfs.clone();
     let plan = R2rPlan::from_config(&cfg);
     let mut gauges = HostGauges::new(&io.meter, &cfg.hostname);
     let mut topology = discover(&fs);
@@ -331,6 +333,11 @@ pub async fn run(cfg: Arc<AgentConfig>, mut io: HostMonitorIo) {
                 if let Some(client) = &io.client {
                     match send_report_with(client, &cfg, &report).await {
                         Ok(()) => sent = Some(sig),
+                        Err(e) if e.is_unsupported() => {
+                            tracing::info!("the controller takes no host reports (a Go controller?); Hostping goes on locally (logs and metrics)");
+                            io.client = None;
+                            sent = Some(sig);
+                        }
                         Err(e) => {
                             tracing::warn!(error = %e, "hostping: report to the controller failed; retried at the next change or check");
                             sent = None;

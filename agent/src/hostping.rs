@@ -376,7 +376,23 @@ pub fn to_proto(cfg: &AgentConfig, r: &HostReport, checked_unix_ns: u64) -> Host
 
 async fn send_report(cfg: &AgentConfig, r: &HostReport) -> anyhow::Result<()> {
     let client = crate::controller_client::ControllerClient::connect_lazy(cfg)?;
-    send_report_with(&client, cfg, r).await
+    Ok(send_report_with(&client, cfg, r).await?)
+}
+
+/// Why a host report did not arrive.
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    #[error("{0}")]
+    Controller(#[from] crate::controller_client::ControllerError),
+    #[error("no answer within 10 s")]
+    Timeout,
+}
+
+impl ReportError {
+    /// The controller has no `ReportHostHealth` (a Go controller).
+    pub fn is_unsupported(&self) -> bool {
+        matches!(self, ReportError::Controller(e) if e.is_unsupported())
+    }
 }
 
 /// One `ReportHostHealth` call, bounded to 10 s.
@@ -384,7 +400,7 @@ pub async fn send_report_with(
     client: &crate::controller_client::ControllerClient,
     cfg: &AgentConfig,
     r: &HostReport,
-) -> anyhow::Result<()> {
+) -> Result<(), ReportError> {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
@@ -392,8 +408,8 @@ pub async fn send_report_with(
     let call = client.report_host_health(to_proto(cfg, r, now));
     match tokio::time::timeout(Duration::from_secs(10), call).await {
         Ok(Ok(_)) => Ok(()),
-        Ok(Err(e)) => Err(anyhow::anyhow!("{e}")),
-        Err(_) => Err(anyhow::anyhow!("no answer within 10 s")),
+        Ok(Err(e)) => Err(ReportError::Controller(e)),
+        Err(_) => Err(ReportError::Timeout),
     }
 }
 

@@ -265,8 +265,10 @@ fn section_intro(bin: &str) -> &'static str {
                 with one fault of the paper's Figure 8/10 patterns (RNIC or GPU PCIe link, memory channel, UPI, CPU root port transit, ACS misconfiguration, a flapping memory channel; \
                 on a busy host a GPU link, an overloaded UPI or memory channel, told from failures by the bus-utilization input) or none (every 11th), taking 25-75% of what crosses the link, 2% timing noise, 20 rounds of loopback tests each. \
                 A finding is true when it names the faulty link with the right cause (failure, congestion, flapping). A draw whose faulty link no set of path verdicts can tell apart from another is drawn again and counted (redrawn_unidentifiable). \
-                hostping_cpu: R2R probing between four RNICs (the agent's drivers on udp over loopback, a probe per RNIC per 100 ms, 500 ms timeout) plus the hardware monitor reading four ports' counters once a second from files, \
-                the process's CPU time as a share of one core (target < 0.002), next to the same process idle for as long",
+                hostping_cpu: what Hostping adds to a running 4-RNIC agent: R2R probing between its four RNICs on the agent's own drivers (Host targets; udp over loopback, a probe per RNIC per 100 ms, 500 ms timeout) \
+                plus the Hostping monitor (R2R windows, four ports' counters once a second from files), the process's CPU time as a share of one core (target < 0.002) \
+                minus the same four drivers running with nothing to probe for as long (the baseline, same run). The user/system split shows where it goes: \
+                system time is the kernel's UDP/IP path over loopback and the wake-ups (an RNIC does that path in hardware on the rdma transport), user time is the agent's own work",
             _ => "",
         }
 }
@@ -921,6 +923,15 @@ pub fn target_checks(lines: &[Line]) -> Vec<Check> {
                         format!("< {:.1}%", t * 100.0),
                         c / t,
                         c < t,
+                    ));
+                }
+                if let (Some(u), Some(t)) = (num(l, "user_share_of_core"), num(l, "target")) {
+                    out.push((
+                        "hostping R2R + hardware monitor CPU, agent user space only".into(),
+                        format!("{:.3}% of a core", u * 100.0),
+                        format!("< {:.1}%", t * 100.0),
+                        u / t,
+                        u < t,
                     ));
                 }
             }
