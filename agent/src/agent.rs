@@ -198,10 +198,7 @@ pub fn start<R: Into<OpenedRnic>>(
     let hostping = cfg.hostping_enabled && !cfg.responder_only;
     let host_rnics: Vec<HostRnic> = endpoints
         .iter()
-        .map(|e| HostRnic {
-            device: e.endpoint.device_name().to_string(),
-            endpoint: e.endpoint.local(),
-        })
+        .map(|e| HostRnic::from(&e.endpoint))
         .collect();
     let (host_rnics_tx, host_rnics_rx) = watch::channel(host_rnics);
     let host_rnics_tx = Arc::new(host_rnics_tx);

@@ -716,6 +716,24 @@ pub struct HostRnic {
     pub endpoint: rpingmesh_verbs::Endpoint,
 }
 
+impl From<&rpingmesh_verbs::Transport> for HostRnic {
+    fn from(t: &rpingmesh_verbs::Transport) -> Self {
+        HostRnic {
+            device: t.device_name().to_string(),
+            endpoint: t.local(),
+        }
+    }
+}
+
+impl From<&RnicDriver> for HostRnic {
+    fn from(d: &RnicDriver) -> Self {
+        HostRnic {
+            device: d.device_name().to_string(),
+            endpoint: d.local(),
+        }
+    }
+}
+
 /// The Host targets of RNIC `me`: every other RNIC of the host.
 pub fn r2r_targets(rnics: &[HostRnic], me: usize) -> Vec<ProbeTarget> {
     rnics
@@ -819,13 +837,7 @@ pub async fn r2r_run(
         .into_iter()
         .map(|o| RnicDriver::new(o.endpoint, params.clone(), Metrics::disabled()))
         .collect();
-    let rnics: Vec<HostRnic> = drivers
-        .iter()
-        .map(|d| HostRnic {
-            device: d.device_name().to_string(),
-            endpoint: d.local(),
-        })
-        .collect();
+    let rnics: Vec<HostRnic> = drivers.iter().map(HostRnic::from).collect();
     let mut collector = R2rCollector::new(&rnics);
     let mut handles = Vec::new();
     let mut rxs = Vec::new();

@@ -139,13 +139,7 @@ async fn cpu_phase(seconds: u64) -> serde_json::Value {
             RnicDriver::new(ep, params.clone(), Metrics::disabled())
         })
         .collect();
-    let rnics: Vec<HostRnic> = drivers
-        .iter()
-        .map(|d| HostRnic {
-            device: d.device_name().to_string(),
-            endpoint: d.local(),
-        })
-        .collect();
+    let rnics: Vec<HostRnic> = drivers.iter().map(HostRnic::from).collect();
     let mut handles = Vec::new();
     let mut rxs = Vec::new();
     let mut stats = Vec::new();

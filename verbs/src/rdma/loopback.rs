@@ -56,18 +56,7 @@ impl LoopbackOptions {
     /// Rejects values the test cannot run with, naming the key.
     pub fn validate(&self) -> Result<(), RdmaError> {
         let bad = |m: String| Err(RdmaError::Config(format!("loopback: {m}")));
-        if self.device.is_empty() {
-            return bad("device name is empty".into());
-        }
-        if self.port == 0 {
-            return bad("port=0 is invalid (ports are numbered from 1)".into());
-        }
-        if self.gid_index > 255 {
-            return bad(format!(
-                "gid_index={} is out of range 0-255",
-                self.gid_index
-            ));
-        }
+        super::check_port_address(&self.device, self.port, self.gid_index).or_else(bad)?;
         if self.sizes.is_empty() {
             return bad("no message sizes".into());
         }

@@ -40,6 +40,20 @@ pub const RECV_SLOT_LEN: usize = completion::GRH_LEN + completion::PAYLOAD_LEN;
 /// Largest payload `send` accepts.
 pub const MAX_PAYLOAD: usize = completion::PAYLOAD_LEN;
 
+/// The device, port and GID index every QP of ours is opened on: the problem, if any.
+pub(crate) fn check_port_address(device: &str, port: u8, gid_index: u32) -> Result<(), String> {
+    if device.is_empty() {
+        return Err("device name is empty".into());
+    }
+    if port == 0 {
+        return Err("port=0 is invalid (ports are numbered from 1)".into());
+    }
+    if gid_index > 255 {
+        return Err(format!("gid_index={gid_index} is out of range 0-255"));
+    }
+    Ok(())
+}
+
 /// Everything needed to open one RNIC endpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RdmaOptions {
@@ -90,18 +104,7 @@ impl RdmaOptions {
     /// Rejects values the hardware layer cannot use, naming the key.
     pub fn validate(&self) -> Result<(), RdmaError> {
         let bad = |m: String| Err(RdmaError::Config(m));
-        if self.device_name.is_empty() {
-            return bad("device name is empty".into());
-        }
-        if self.port == 0 {
-            return bad("port=0 is invalid (ports are numbered from 1)".into());
-        }
-        if self.gid_index > 255 {
-            return bad(format!(
-                "gid_index={} is out of range 0-255",
-                self.gid_index
-            ));
-        }
+        check_port_address(&self.device_name, self.port, self.gid_index).or_else(bad)?;
         if self.service_level > 15 {
             return bad(format!(
                 "service_level={} is out of range 0-15",
