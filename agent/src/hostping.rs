@@ -85,6 +85,9 @@ pub struct HostReport {
 #[derive(Debug, Serialize, Default, Clone)]
 pub struct LoopbackReport {
     pub skipped: Option<String>,
+    /// Why GPU memory endpoints were not tested (no NVIDIA driver, no dma-buf or peer
+    /// memory): a limit of the host's setup, not a finding.
+    pub gpu_skipped: Option<String>,
     pub paths: Vec<LoopbackPath>,
     /// Algorithm 1's findings over the paths (link, cause).
     pub links: Vec<rpingmesh_hostping::linkstate::LinkFinding>,
@@ -281,28 +284,46 @@ pub fn loopback_tests(
     let allowed = |name: &str| {
         cfg.allowed_device_names.is_empty() || cfg.allowed_device_names.iter().any(|d| d == name)
     };
-    let mesh: Vec<_> = full_mesh(topo)
+    let mut report = LoopbackReport::default();
+    let mut mesh: Vec<_> = full_mesh(topo)
         .into_iter()
-        .filter(|p| allowed(&p.rnic) && matches!(p.endpoint, Endpoint::Memory(_)))
+        .filter(|p| allowed(&p.rnic))
         .collect();
+    // GPU endpoints need the NVIDIA driver's libcuda: without it they are left out, once,
+    // with the reason.
+    if mesh.iter().any(|p| matches!(p.endpoint, Endpoint::Gpu(_))) {
+        if let Err(e) = rpingmesh_verbs::rdma::gpu::Cuda::load() {
+            report.gpu_skipped = Some(e.to_string());
+            mesh.retain(|p| matches!(p.endpoint, Endpoint::Memory(_)));
+        }
+    }
     let tested_plan = plan(&mesh, mode);
     if tested_plan.is_empty() {
         return LoopbackReport {
             skipped: Some("no RNIC of the config is in the host tree".into()),
-            ..Default::default()
+            ..report
         };
     }
-    let mut report = LoopbackReport::default();
     let mut timed = Vec::new();
+    // A single-node kernel has no NUMA policy to set: leave it to the default.
+    let numa = |n: Option<u32>| n.filter(|_| topo.numa_nodes.len() > 1);
     for p in &tested_plan {
-        let Endpoint::Memory(node) = p.endpoint else {
-            continue;
-        };
         let mut o = LoopbackOptions::new(&p.rnic);
         o.gid_index = u32::try_from(cfg.gid_index).unwrap_or(0);
         o.samples = cfg.hostping_loopback_samples.max(1);
-        // A single-node kernel has no NUMA policy to set: leave it to the default.
-        o.numa_node = (topo.numa_nodes.len() > 1).then_some(node);
+        match &p.endpoint {
+            Endpoint::Memory(node) => o.numa_node = numa(Some(*node)),
+            Endpoint::Gpu(bus) => {
+                // The read region in host memory near the GPU; the writes land on it.
+                o.gpu = Some(bus.clone());
+                o.numa_node = numa(
+                    topo.pci
+                        .iter()
+                        .find(|d| &d.bdf == bus)
+                        .and_then(|d| d.numa_node),
+                );
+            }
+        }
         match run_loopback(&o) {
             Ok(r) => {
                 for v in &r.verbs {
@@ -320,6 +341,11 @@ pub fn loopback_tests(
                     };
                     timed.push((p.clone(), t));
                 }
+            }
+            // GPU memory the host cannot give (driver, dma-buf, peer memory): a setup
+            // limit, noted, not a failed verb.
+            Err(e @ rpingmesh_verbs::rdma::RdmaError::Gpu(_)) => {
+                report.gpu_skipped.get_or_insert_with(|| e.to_string());
             }
             Err(e) => report
                 .verbs
@@ -1064,6 +1090,9 @@ pub fn render(r: &HostReport) -> String {
         }
         None => {
             let _ = writeln!(out, "loopback: {} paths", r.loopback.paths.len());
+            if let Some(why) = &r.loopback.gpu_skipped {
+                let _ = writeln!(out, "  GPU endpoints not tested: {why}");
+            }
             for p in &r.loopback.paths {
                 let _ = writeln!(
                     out,
@@ -1086,4 +1115,60 @@ pub fn render(r: &HostReport) -> String {
         }
     }
     out
+}
+
+#[cfg(all(test, feature = "rdma"))]
+mod tests {
+    use super::*;
+    use rpingmesh_hostping::linkstate::LinkStateInference;
+
+    /// The paper's Figure 2 host (8 GPUs, 4 RNICs) on a machine with neither the NVIDIA
+    /// driver nor those RNICs: the GPU endpoints are left out with the driver's one line,
+    /// the memory endpoints are tried and each failure is the verb error it is.
+    #[test]
+    fn gpu_endpoints_without_the_driver_are_noted_not_failed() {
+        let path = format!(
+            "{}/../hostping/fixtures/figure2.sysfs",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let rec = Recording::parse(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let topo = HostTopology::discover(&rec).unwrap();
+        assert!(
+            topo.pci.iter().any(|d| d.vendor == 0x10de),
+            "GPUs in the tree"
+        );
+        let cfg = AgentConfig {
+            transport: Transport::Rdma,
+            ..AgentConfig::default()
+        };
+        let mut inf = LinkStateInference::new();
+        let r = loopback_tests(&cfg, &topo, HostMode::Idle, &mut inf);
+        if rpingmesh_verbs::rdma::gpu::Cuda::load().is_ok() {
+            return; // a GPU host: this is about hosts without the driver
+        }
+        let why = r.gpu_skipped.clone().expect("GPU endpoints noted");
+        assert!(why.contains("libcuda.so.1 cannot be loaded"), "{why}");
+        // Every RNIC x NUMA node was tried (idle: the full mesh), none x GPU.
+        let tried: std::collections::BTreeSet<&str> =
+            r.verbs.iter().map(|(rnic, _, _)| rnic.as_str()).collect();
+        assert_eq!(tried.len(), topo.rnics.len(), "{:?}", r.verbs);
+        assert_eq!(r.verbs.len(), topo.rnics.len() * topo.numa_nodes.len());
+        assert!(r.verbs.iter().all(|(_, v, _)| v.starts_with("FAILED: ")));
+        assert!(render_loopback_line(&r).contains("GPU endpoints not tested"));
+    }
+
+    fn render_loopback_line(l: &LoopbackReport) -> String {
+        let r = HostReport {
+            hostname: "h".into(),
+            topology: HostTopology::default(),
+            downgrades: vec![],
+            ports: vec![],
+            mode: HostMode::Idle,
+            r2r: R2rReport::default(),
+            loopback: l.clone(),
+            problems: vec![],
+            findings: vec![],
+        };
+        render(&r)
+    }
 }

@@ -7,13 +7,14 @@
 //! Usage: rpingmesh-hw-check [--port P] [--gid-index N[,M]] [--count N] [--interval-ms MS]
 //!        [DEVICE ...]
 //!        rpingmesh-hw-check --loopback [--port P] [--gid-index N] [--count N]
-//!        [--sizes B[,B...]] [--numa-node N] [DEVICE ...]
+//!        [--sizes B[,B...]] [--numa-node N] [--gpu BUS_ID] [DEVICE ...]
 //! (`--gid-index N,M`: the second endpoint on GID index M, e.g. two GIDs of one device;
 //! `--interval-ms` spaces the probes as an agent does; 0 = back to back.)
 //!
 //! `--loopback`: the hostping loopback test on each device instead: an RC QP connected
 //! to itself RDMA-WRITEs `--count` times (default 20) per size (default 1 and 262144
-//! bytes) between two regions (on NUMA node `--numa-node` if given); prints min, median
+//! bytes) between two regions (on NUMA node `--numa-node` if given; the write region in
+//! the memory of the GPU at PCI address `--gpu`, through libcuda, if given); prints min, median
 //! and max post-to-completion times per size, Eq. 3's bandwidth from the medians of the
 //! smallest and largest sizes, and how long each setup verb took. GID index 1 by default
 //! (rxe's first RoCE v2 IPv4 GID).
@@ -39,9 +40,10 @@ struct Args {
     /// `--sizes` (loopback; default 1 and 262144).
     sizes: Option<Vec<usize>>,
     numa_node: Option<u32>,
+    gpu: Option<String>,
 }
 
-const USAGE: &str = "usage: rpingmesh-hw-check [--port P] [--gid-index N[,M]] [--count N] [--interval-ms MS] [DEVICE ...]\n       rpingmesh-hw-check --loopback [--port P] [--gid-index N] [--count N] [--sizes B[,B...]] [--numa-node N] [DEVICE ...]";
+const USAGE: &str = "usage: rpingmesh-hw-check [--port P] [--gid-index N[,M]] [--count N] [--interval-ms MS] [DEVICE ...]\n       rpingmesh-hw-check --loopback [--port P] [--gid-index N] [--count N] [--sizes B[,B...]] [--numa-node N] [--gpu BUS_ID] [DEVICE ...]";
 
 fn parse_args(argv: impl IntoIterator<Item = String>) -> Result<Args, String> {
     let mut a = Args {
@@ -54,6 +56,7 @@ fn parse_args(argv: impl IntoIterator<Item = String>) -> Result<Args, String> {
         loopback: false,
         sizes: None,
         numa_node: None,
+        gpu: None,
     };
     let mut it = argv.into_iter();
     while let Some(arg) = it.next() {
@@ -88,6 +91,7 @@ fn parse_args(argv: impl IntoIterator<Item = String>) -> Result<Args, String> {
             }
             "--interval-ms" => a.interval_ms = num("--interval-ms")?.min(60_000),
             "--loopback" => a.loopback = true,
+            "--gpu" => a.gpu = Some(it.next().ok_or("--gpu needs a PCI address")?),
             "--numa-node" => {
                 a.numa_node = Some(
                     u32::try_from(num("--numa-node")?)
@@ -141,6 +145,7 @@ fn loopback_options(args: &Args, device: &str) -> LoopbackOptions {
     o.gid_index = args.gid_index.unwrap_or(1);
     o.samples = args.count;
     o.numa_node = args.numa_node;
+    o.gpu = args.gpu.clone();
     if let Some(s) = &args.sizes {
         o.sizes = s.clone();
     }
@@ -165,10 +170,13 @@ fn loopback_report(args: &Args, devices: &[String]) -> ExitCode {
 fn format_loopback(r: &LoopbackResult) -> String {
     use std::fmt::Write;
     let mut out = String::new();
-    let place = match r.numa_node {
+    let mut place = match r.numa_node {
         Some(n) => format!("memory bound to NUMA node {n}"),
         None => "memory on the default NUMA policy".to_string(),
     };
+    if let Some(g) = &r.gpu {
+        place = format!("read region in host {place}, write region on GPU {g}");
+    }
     let _ = writeln!(
         out,
         "== {} loopback: RC QP {} -> itself, GID {}, {place}",
@@ -506,6 +514,7 @@ mod tests {
         let r = LoopbackResult {
             device: "rxe0".into(),
             numa_node: Some(0),
+            gpu: None,
             gid: "::ffff:198.18.9.1".parse().unwrap(),
             qpn: 17,
             per_size: vec![
@@ -546,6 +555,11 @@ mod tests {
         );
         slow.per_size.truncate(1);
         assert!(format_loopback(&slow).contains("Eq.3 BW_host: needs two sizes"));
+        slow.numa_node = Some(1);
+        slow.gpu = Some("0000:3b:00.0".into());
+        assert!(format_loopback(&slow).contains(
+            "read region in host memory bound to NUMA node 1, write region on GPU 0000:3b:00.0"
+        ));
     }
 
     /// The binary's first step on this machine: the device list fails with the one line.

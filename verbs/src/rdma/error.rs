@@ -65,6 +65,9 @@ pub enum RdmaError {
     /// Configuration values the backend cannot use.
     #[error("rdma config: {0}")]
     Config(String),
+    /// GPU memory for a loopback test: no driver, no such GPU, no memory.
+    #[error("{0}")]
+    Gpu(#[from] super::gpu::GpuError),
 }
 
 impl RdmaError {

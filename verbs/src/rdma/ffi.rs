@@ -757,6 +757,115 @@ impl Mr {
     }
 }
 
+/// How a GPU region was registered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpuRegistration {
+    /// `ibv_reg_dmabuf_mr` on the region's dma-buf.
+    DmaBuf,
+    /// `ibv_reg_mr` on the device pointer (needs the nvidia-peermem module).
+    PeerMemory,
+}
+
+/// A GPU region registered as an RDMA WRITE target. It has no host address: the bytes
+/// are reached through [`GpuMem::copy_in`] / [`GpuMem::copy_out`] (`mem()`).
+pub struct GpuMr {
+    mr: NonNull<ibv_mr>,
+    mem: super::gpu::GpuMem,
+    pub how: GpuRegistration,
+    _pd: Arc<Pd>,
+}
+
+// SAFETY: as `Mr`: the MR handle is immutable after registration.
+unsafe impl Send for GpuMr {}
+unsafe impl Sync for GpuMr {}
+
+impl Drop for GpuMr {
+    fn drop(&mut self) {
+        // SAFETY: deregistered once, before `mem` (a field) frees the GPU memory.
+        unsafe { ibv_dereg_mr(self.mr.as_ptr()) };
+    }
+}
+
+impl GpuMr {
+    /// Registers `mem` for local and remote write: as a dma-buf when the driver exports
+    /// one and the RNIC's provider takes it, else through peer memory. Both failing is one
+    /// error naming both reasons.
+    pub fn register(pd: &Arc<Pd>, mem: super::gpu::GpuMem) -> Result<GpuMr, RdmaError> {
+        let access = (ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
+            | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE)
+            .0 as i32;
+        let dmabuf = match mem.dmabuf_fd() {
+            Ok(fd) => {
+                // SAFETY: `fd` is a dma-buf of exactly this allocation; the MR keeps its
+                // own reference to the buffer, so the fd is closed right after.
+                let mr = unsafe {
+                    let mr = ibv_reg_dmabuf_mr(
+                        pd.pd.as_ptr(),
+                        0,
+                        mem.len(),
+                        mem.device_ptr(),
+                        fd,
+                        access,
+                    );
+                    let e = io::Error::last_os_error();
+                    libc::close(fd);
+                    NonNull::new(mr).ok_or(e)
+                };
+                mr.map_err(|e| format!("ibv_reg_dmabuf_mr: {e}"))
+            }
+            Err(e) => Err(e.reason),
+        };
+        let (mr, how) = match dmabuf {
+            Ok(mr) => (mr, GpuRegistration::DmaBuf),
+            Err(why_not) => {
+                // SAFETY: the device pointer of a live allocation of `len` bytes; only the
+                // peer-memory module can pin it, otherwise this fails cleanly.
+                let mr = unsafe {
+                    ibv_reg_mr(
+                        pd.pd.as_ptr(),
+                        mem.device_ptr() as *mut libc::c_void,
+                        mem.len(),
+                        access,
+                    )
+                };
+                match NonNull::new(mr) {
+                    Some(mr) => (mr, GpuRegistration::PeerMemory),
+                    None => {
+                        let e = io::Error::last_os_error();
+                        return Err(RdmaError::Gpu(super::gpu::GpuError {
+                            gpu: Some(mem.bus_id.clone()),
+                            reason: format!(
+                                "{} cannot register it: dma-buf: {why_not}; peer memory (ibv_reg_mr on the device pointer, needs nvidia-peermem): {e}",
+                                pd.ctx.name
+                            ),
+                        }));
+                    }
+                }
+            }
+        };
+        Ok(GpuMr {
+            mr,
+            mem,
+            how,
+            _pd: pd.clone(),
+        })
+    }
+
+    pub fn rkey(&self) -> u32 {
+        // SAFETY: valid registered MR.
+        unsafe { (*self.mr.as_ptr()).rkey }
+    }
+
+    /// The region's start as an RDMA WRITE's remote address (its GPU virtual address).
+    pub fn remote_addr(&self) -> u64 {
+        self.mem.device_ptr()
+    }
+
+    pub fn mem(&self) -> &super::gpu::GpuMem {
+        &self.mem
+    }
+}
+
 /// Page-aligned anonymous memory from mmap, optionally bound to one NUMA node with
 /// mbind(MPOL_BIND) before its pages are first touched. Unmapped on drop.
 pub struct HostMem {

@@ -36,6 +36,9 @@ pub struct LoopbackOptions {
     pub samples: u32,
     /// Place both regions on this NUMA node (mbind MPOL_BIND); None = default policy.
     pub numa_node: Option<u32>,
+    /// The write region in this GPU's memory instead (PCI address, `0000:3b:00.0`): the
+    /// RNIC-to-GPU path. The read region stays in host memory (`numa_node`).
+    pub gpu: Option<String>,
     /// Bound on each write's completion (busy polling stops there with an error).
     pub timeout: Duration,
 }
@@ -49,6 +52,7 @@ impl LoopbackOptions {
             sizes: DEFAULT_SIZES.to_vec(),
             samples: 20,
             numa_node: None,
+            gpu: None,
             timeout: Duration::from_secs(2),
         }
     }
@@ -71,6 +75,9 @@ impl LoopbackOptions {
         }
         if self.timeout.is_zero() {
             return bad("timeout=0 must be positive".into());
+        }
+        if let Some(g) = &self.gpu {
+            super::gpu::check_bus_id(g).or_else(bad)?;
         }
         Ok(())
     }
@@ -97,6 +104,8 @@ pub struct LoopbackResult {
     pub device: String,
     /// The node both regions were bound to (checked with get_mempolicy), if asked.
     pub numa_node: Option<u32>,
+    /// The GPU the write region was on, if asked.
+    pub gpu: Option<String>,
     /// The GID the QP is connected to (its own) and its QPN (its own destination).
     pub gid: Ipv6Addr,
     pub qpn: u32,
@@ -217,7 +226,7 @@ pub fn run_loopback(o: &LoopbackOptions) -> Result<LoopbackResult, RdmaError> {
     use std::time::Instant;
 
     use super::completion::{wc_status_name, WcRecord, WC_OPCODE_RDMA_WRITE, WC_SUCCESS};
-    use super::ffi::{self, Context, Cq, HostMem, Mr, Pd, Qp, RcPeer};
+    use super::ffi::{self, Context, Cq, GpuMr, GpuRegistration, HostMem, Mr, Pd, Qp, RcPeer};
     use super::sysfs;
 
     o.validate()?;
@@ -260,7 +269,11 @@ pub fn run_loopback(o: &LoopbackOptions) -> Result<LoopbackResult, RdmaError> {
     let map = |region: &str| {
         HostMem::map(len, mask.as_ref()).map_err(|r| fail(format!("{region} region: {r}")))
     };
-    let (read_mem, write_mem) = (map("read")?, map("write")?);
+    let read_mem = map("read")?;
+    let (write_mem, gpu_mem) = match &o.gpu {
+        Some(bus) => (None, Some(super::gpu::Cuda::load()?.alloc(bus, len)?)),
+        None => (Some(map("write")?), None),
+    };
 
     let ctx = timed(&mut verbs, "ibv_open_device", || Context::open(dev))?;
     let verbs_gid = ctx.query_gid(o.port, o.gid_index)?;
@@ -278,9 +291,26 @@ pub fn run_loopback(o: &LoopbackOptions) -> Result<LoopbackResult, RdmaError> {
     let read_mr = timed(&mut verbs, "ibv_reg_mr (read region)", || {
         Mr::register_host(&pd, read_mem, false)
     })?;
-    let write_mr = timed(&mut verbs, "ibv_reg_mr (write region)", || {
-        Mr::register_host(&pd, write_mem, true)
-    })?;
+    let write_mr = match (write_mem, gpu_mem) {
+        (Some(mem), _) => {
+            WriteRegion::Host(timed(&mut verbs, "ibv_reg_mr (write region)", || {
+                Mr::register_host(&pd, mem, true)
+            })?)
+        }
+        (None, Some(mem)) => {
+            let t = Instant::now();
+            let mr = GpuMr::register(&pd, mem)?;
+            verbs.push(VerbTiming {
+                verb: match mr.how {
+                    GpuRegistration::DmaBuf => "ibv_reg_dmabuf_mr (write region, GPU)",
+                    GpuRegistration::PeerMemory => "ibv_reg_mr (write region, GPU peer memory)",
+                },
+                micros: t.elapsed().as_nanos() as f64 / 1000.0,
+            });
+            WriteRegion::Gpu(mr)
+        }
+        (None, None) => unreachable!("one of the two is always made above"),
+    };
     // Declared after the MRs, so it is destroyed before they are deregistered.
     let qp = timed(&mut verbs, "ibv_create_qp", || Qp::create_rc(&pd, &cq, 1))?;
     let qpn = qp.qpn();
@@ -299,14 +329,14 @@ pub fn run_loopback(o: &LoopbackOptions) -> Result<LoopbackResult, RdmaError> {
     })?;
     timed(&mut verbs, "ibv_modify_qp(RTS)", || qp.modify_to_rts_rc())?;
 
-    let (remote_addr, rkey) = (write_mr.remote_addr(0), write_mr.rkey());
+    let (remote_addr, rkey) = write_mr.remote();
     let mut wcs: Vec<(WcRecord, Option<u64>)> = Vec::with_capacity(4);
     let mut wr_id = 0u64;
     let mut per_size = Vec::with_capacity(o.sizes.len());
     for (i, &size) in o.sizes.iter().enumerate() {
         let want = pattern(i as u8, size);
         read_mr.write(0, &want);
-        write_mr.write(0, &vec![0u8; size]);
+        write_mr.fill(&vec![0u8; size])?;
         let mut samples = Vec::with_capacity(o.samples as usize);
         for s in 0..o.samples {
             wr_id += 1;
@@ -355,7 +385,7 @@ pub fn run_loopback(o: &LoopbackOptions) -> Result<LoopbackResult, RdmaError> {
             }
             if s == 0 {
                 let mut got = vec![0u8; size];
-                write_mr.read(0, &mut got);
+                write_mr.read_back(&mut got)?;
                 if let Some(at) = first_mismatch(&want, &got) {
                     return Err(fail(format!(
                         "{} completed but the data did not arrive: write region byte {at} is {:#04x}, expected {:#04x}",
@@ -372,11 +402,46 @@ pub fn run_loopback(o: &LoopbackOptions) -> Result<LoopbackResult, RdmaError> {
     Ok(LoopbackResult {
         device: dev.to_string(),
         numa_node: o.numa_node,
+        gpu: o.gpu.clone(),
         gid,
         qpn,
         per_size,
         verbs,
     })
+}
+
+/// Where the RDMA WRITEs land: host memory, or a GPU's.
+#[cfg(feature = "rdma")]
+enum WriteRegion {
+    Host(super::ffi::Mr),
+    Gpu(super::ffi::GpuMr),
+}
+
+#[cfg(feature = "rdma")]
+impl WriteRegion {
+    /// (remote address, rkey) of the region's start.
+    fn remote(&self) -> (u64, u32) {
+        match self {
+            WriteRegion::Host(m) => (m.remote_addr(0), m.rkey()),
+            WriteRegion::Gpu(m) => (m.remote_addr(), m.rkey()),
+        }
+    }
+
+    fn fill(&self, data: &[u8]) -> Result<(), RdmaError> {
+        match self {
+            WriteRegion::Host(m) => m.write(0, data),
+            WriteRegion::Gpu(m) => m.mem().copy_in(data)?,
+        }
+        Ok(())
+    }
+
+    fn read_back(&self, out: &mut [u8]) -> Result<(), RdmaError> {
+        match self {
+            WriteRegion::Host(m) => m.read(0, out),
+            WriteRegion::Gpu(m) => m.mem().copy_out(out)?,
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -404,6 +469,10 @@ mod tests {
             (
                 Box::new(|o| o.port = 0),
                 "rdma config: loopback: port=0 is invalid (ports are numbered from 1)",
+            ),
+            (
+                Box::new(|o| o.gpu = Some("3b:00.0".into())),
+                "rdma config: loopback: GPU \"3b:00.0\" is not a PCI address like 0000:3b:00.0",
             ),
             (
                 Box::new(|o| o.gid_index = 300),
@@ -494,6 +563,7 @@ mod tests {
         let r = LoopbackResult {
             device: "rxe0".into(),
             numa_node: None,
+            gpu: None,
             gid: Ipv6Addr::UNSPECIFIED,
             qpn: 17,
             // Listed large first: the smallest and largest sizes are found by size.

@@ -13,6 +13,7 @@ pub mod ah_cache;
 pub mod ah_table;
 pub mod completion;
 pub mod error;
+pub mod gpu;
 pub mod loopback;
 pub mod nic_clock;
 pub mod ring;
