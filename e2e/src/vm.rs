@@ -111,6 +111,8 @@ pub const HOST_IPS: [Ipv4Addr; 4] = [
 ];
 /// R2R windows of the VM runs (the paper's are 20 s) and the runs' lengths.
 pub const HOST_WINDOW_SEC: u64 = 3;
+/// The hostname the Hostping daemon run reports as.
+pub const HOST_DAEMON_HOSTNAME: &str = "vm-host";
 pub const HOST_HEALTHY_SEC: u64 = 6;
 /// The port-down run: the port goes down HOST_DOWN_AT_SEC after R2R probing began (in
 /// the second window) and stays down to the end.

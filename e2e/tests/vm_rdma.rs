@@ -918,8 +918,8 @@ fn hostping_findings(run: &Value, window: usize) -> Vec<(String, Vec<String>)> {
 /// 100%-timeout finding (exit 1); a third of one device's frames dropped gives a
 /// sporadic one.
 #[test]
-fn vm_hostping_once_finds_a_down_and_a_lossy_rnic_by_r2r() {
-    if skip("vm_hostping_once_finds_a_down_and_a_lossy_rnic_by_r2r") {
+fn vm_hostping_once_and_the_running_agent_find_down_and_lossy_rnics() {
+    if skip("vm_hostping_once_and_the_running_agent_find_down_and_lossy_rnics") {
         return;
     }
     let v = scenario("hostping");
@@ -1011,4 +1011,37 @@ fn vm_hostping_once_finds_a_down_and_a_lossy_rnic_by_r2r() {
         )]
     );
     assert_eq!(lossy["exit_code"], 1);
+
+    // The running agent (hostping_enabled): its first host check ran the loopback tests
+    // on every device from the monitor task, R2R on its own drivers found the port that
+    // went down, and the controller's view cleared when it came back.
+    let d = &v["daemon"];
+    let first = &d["first_report"];
+    eprintln!(
+        "vm: hostping daemon: first findings {}, down {} ms: {}, cleared in {} ms",
+        d["first_findings"], d["down_ms"], d["down_findings"], d["cleared_ms"]
+    );
+    assert_eq!(d["first_findings"], serde_json::json!([]), "{first}");
+    let paths = first["loopback"]["paths"].as_array().unwrap();
+    assert_eq!(paths.len(), 4, "{}", first["loopback"]);
+    assert!(paths
+        .iter()
+        .all(|p| p["bandwidth_gbps"].as_f64().is_some_and(|g| g > 0.0)));
+    assert_eq!(first["r2r"]["skipped"], Value::Null, "{}", first["r2r"]);
+    assert!(
+        first["r2r"]["probes"].as_u64().unwrap() > 0,
+        "{}",
+        first["r2r"]
+    );
+    let dev = HOST_DEVICES[HOST_DOWN_DEVICE];
+    assert!(
+        d["down_findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f[0] == "r2r_down" && f[1] == dev),
+        "{}",
+        d["down_findings"]
+    );
+    assert_eq!(d["agent_alive"], true);
 }

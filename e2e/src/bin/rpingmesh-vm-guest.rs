@@ -1795,7 +1795,124 @@ async fn hostping(dir: &Path) -> Result<Value> {
     let lossy_run = hostping_run(dir, "lossy", gid_index, HOST_HEALTHY_SEC, || Ok(()));
     let _ = sh(&["nft", "delete", "table", "bridge", "hostping"]);
     v["lossy"] = lossy_run?;
+    v["daemon"] = hostping_daemon(dir, gid_index).await?;
     Ok(v)
+}
+
+/// Hostping inside the running agent on the same four devices, reporting to a
+/// controller: the first host check (loopback through RC QPs from the agent's monitor
+/// task), then one device's bridge port down until the controller holds an R2R finding
+/// for it, and up again until the host is clean. Times are measured from the change.
+async fn hostping_daemon(dir: &Path, gid_index: u32) -> Result<Value> {
+    use rpingmesh_proto::operator::GetHostRequest;
+    let ctl = spawn_controller(
+        dir,
+        "hp-controller",
+        None,
+        "127.0.0.1:0",
+        &["--metrics-enabled", "false"],
+    )?;
+    let ep = ctl.endpoint();
+    let args: Vec<String> = [
+        ("--agent-id", "hp-agent".to_string()),
+        ("--hostname", HOST_DAEMON_HOSTNAME.into()),
+        ("--tor-id", "tor-h".into()),
+        ("--controller-addr", ctl.addr.to_string()),
+        ("--transport", "rdma".into()),
+        ("--allowed-device-names", HOST_DEVICES.join(",")),
+        ("--gid-index", gid_index.to_string()),
+        ("--metrics-enabled", "false".into()),
+        ("--service-tracing-mode", "off".into()),
+        ("--log-level", "info".into()),
+        ("--hostping-r2r-window-sec", HOST_WINDOW_SEC.to_string()),
+        ("--hostping-check-interval-sec", "600".into()),
+        ("--hostping-loopback-samples", "5".into()),
+    ]
+    .into_iter()
+    .flat_map(|(k, v)| [k.to_string(), v])
+    .collect();
+    let mut agent = Proc::spawn(dir, "hp-agent", None, &bin(AGENT_BIN), &args)?;
+    // The newest report's JSON and findings (kind, location).
+    let latest = || async {
+        let mut op = operator(&ep).await.ok()?;
+        let h = op
+            .get_host(GetHostRequest {
+                hostname: HOST_DAEMON_HOSTNAME.into(),
+            })
+            .await
+            .ok()?
+            .into_inner();
+        let report: Value = serde_json::from_str(&h.report_json).ok()?;
+        let findings: Vec<(String, String)> = h
+            .findings
+            .iter()
+            .map(|f| (f.kind.clone(), f.location.clone()))
+            .collect();
+        Some((report, findings))
+    };
+    let result = async {
+        // 1. The first check's report: loopback paths from the running agent.
+        let first = wait_for(
+            Duration::from_secs(180),
+            Duration::from_millis(500),
+            || async {
+                let (r, f) = latest().await?;
+                r["loopback"]["paths"]
+                    .as_array()
+                    .is_some_and(|p| !p.is_empty())
+                    .then_some((r, f))
+            },
+        )
+        .await
+        .context("no host report with loopback results within 180 s")?;
+        // 2. One device's port down: the controller holds r2r_down for it (the window
+        //    the port went down in may read sporadic first).
+        let dev = HOST_DEVICES[HOST_DOWN_DEVICE];
+        let port = format!("{}p", HOST_NETDEVS[HOST_DOWN_DEVICE]);
+        sh(&["ip", "link", "set", &port, "down"])?;
+        let t = Instant::now();
+        let down = wait_for(
+            Duration::from_secs(60),
+            Duration::from_millis(250),
+            || async {
+                let (_, f) = latest().await?;
+                f.iter()
+                    .any(|(k, l)| k == "r2r_down" && l == dev)
+                    .then_some(f)
+            },
+        )
+        .await;
+        let down_ms = t.elapsed().as_millis() as u64;
+        sh(&["ip", "link", "set", &port, "up"])?;
+        let down = down.with_context(|| format!("no r2r_down for {dev} within 60 s"))?;
+        // 3. Up again: the host clean.
+        let t = Instant::now();
+        wait_for(
+            Duration::from_secs(90),
+            Duration::from_millis(250),
+            || async {
+                let (_, f) = latest().await?;
+                f.is_empty().then_some(())
+            },
+        )
+        .await
+        .context("the host's findings did not clear within 90 s of the port coming up")?;
+        let cleared_ms = t.elapsed().as_millis() as u64;
+        Ok::<Value, anyhow::Error>(json!({
+            "first_report": first.0,
+            "first_findings": first.1,
+            "down_findings": down,
+            "down_ms": down_ms,
+            "cleared_ms": cleared_ms,
+            "agent_alive": agent.alive(),
+        }))
+    }
+    .await;
+    let _ = std::fs::write(dir.join("hp-agent.stderr"), agent.stderr());
+    agent.stop();
+    let mut ctl = ctl;
+    ctl.proc.stop();
+    result
 }
 
 fn nft_apply(ruleset: &str) -> Result<()> {
