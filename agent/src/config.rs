@@ -3,77 +3,13 @@
 //!
 //! Unknown YAML keys are errors; `validate` reports the first bad key in one line.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use figment::providers::{Format, Serialized};
-use figment::value::{Dict, Map, Value};
 use figment::Figment;
-use figment::{Metadata, Profile, Provider};
+use rpingmesh_config_table::{config_table, env_dict, NamedDict};
 use rpingmesh_metrics_export::Exporter;
 use serde::{Deserialize, Deserializer, Serialize};
-
-/// Every key the agent understands (YAML key = env suffix = CLI flag in kebab case).
-pub const KEYS: &[&str] = &[
-    "agent_id",
-    "hostname",
-    "tor_id",
-    "controller_addr",
-    "probe_interval_ms",
-    "target_probe_rate_per_second",
-    "tor_mesh_probe_rate_per_second",
-    "inter_tor_probe_rate_per_second",
-    "pinglist_update_interval_sec",
-    "flow_label_rotation_period_sec",
-    "gid_index",
-    "service_level",
-    "traffic_class",
-    "allowed_device_names",
-    "device_tor_ids",
-    "metrics_enabled",
-    "otel_collector_addr",
-    "analysis_report_enabled",
-    "analysis_window_sec",
-    "self_protection_enabled",
-    "watchdog_interval_sec",
-    "max_memory_mb",
-    "max_procs",
-    "throttle_memory_ratio",
-    "throttle_cpu_percent",
-    "log_level",
-    "tls_mode",
-    "tls_cert_file",
-    "tls_key_file",
-    "tls_ca_file",
-    "tls_server_name",
-    "transport",
-    "udp_addresses",
-    "udp_port",
-    "probe_timeout_ms",
-    "metrics_export_interval_ms",
-    "responder_only",
-    "report_batch_max",
-    "service_tracing_mode",
-    "service_probe_rate_per_second",
-    "service_tracing_uprobe_targets",
-    "service_names",
-    "max_service_names",
-    "service_flow_report_interval_ms",
-    "metrics_exporter",
-    "prometheus_listen_addr",
-    "hostping_enabled",
-    "hostping_r2r_interval_ms",
-    "hostping_r2r_timeout_ms",
-    "hostping_r2r_window_sec",
-    "hostping_timeout_th",
-    "hostping_monitor_interval_ms",
-    "hostping_check_interval_sec",
-    "hostping_thp_low",
-    "hostping_pfc_high",
-    "hostping_abnormal_th",
-    "hostping_util_high",
-    "hostping_loopback_enabled",
-    "hostping_loopback_samples",
-];
 
 pub const ENV_PREFIX: &str = "RPINGMESH_";
 
@@ -114,175 +50,161 @@ impl ServiceTracingMode {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct AgentConfig {
-    #[serde(deserialize_with = "lenient_string")]
-    pub agent_id: String,
-    #[serde(deserialize_with = "lenient_string")]
-    pub hostname: String,
-    #[serde(deserialize_with = "lenient_string")]
-    pub tor_id: String,
-    #[serde(deserialize_with = "lenient_string")]
-    pub controller_addr: String,
-    pub probe_interval_ms: u64,
-    pub target_probe_rate_per_second: f64,
-    /// 0 = inherit target_probe_rate_per_second.
-    pub tor_mesh_probe_rate_per_second: f64,
-    /// 0 = inherit target_probe_rate_per_second.
-    pub inter_tor_probe_rate_per_second: f64,
-    pub pinglist_update_interval_sec: u64,
-    pub flow_label_rotation_period_sec: u64,
-    /// Signed so that a negative value is reported as out of range, not as a type error.
-    pub gid_index: i64,
-    pub service_level: i64,
-    pub traffic_class: i64,
-    #[serde(deserialize_with = "string_list")]
-    pub allowed_device_names: Vec<String>,
-    /// RDMA device -> ToR of that rail (rail-optimized fabrics); others use `tor_id`.
-    #[serde(deserialize_with = "string_map")]
-    pub device_tor_ids: std::collections::BTreeMap<String, String>,
-    pub metrics_enabled: bool,
-    #[serde(deserialize_with = "lenient_string")]
-    pub otel_collector_addr: String,
-    pub analysis_report_enabled: bool,
-    pub analysis_window_sec: u64,
-    pub self_protection_enabled: bool,
-    pub watchdog_interval_sec: u64,
-    pub max_memory_mb: u64,
-    pub max_procs: u64,
-    pub throttle_memory_ratio: f64,
-    pub throttle_cpu_percent: f64,
-    #[serde(deserialize_with = "lenient_string")]
-    pub log_level: String,
-    pub tls_mode: TlsMode,
-    #[serde(deserialize_with = "lenient_string")]
-    pub tls_cert_file: String,
-    #[serde(deserialize_with = "lenient_string")]
-    pub tls_key_file: String,
-    #[serde(deserialize_with = "lenient_string")]
-    pub tls_ca_file: String,
-    #[serde(deserialize_with = "lenient_string")]
-    pub tls_server_name: String,
-    pub transport: Transport,
-    /// One pseudo-RNIC per address (device names udp0, udp1, ...).
-    #[serde(deserialize_with = "string_list")]
-    pub udp_addresses: Vec<String>,
-    /// 0 = an ephemeral port per address.
-    pub udp_port: u16,
-    pub probe_timeout_ms: u64,
-    pub metrics_export_interval_ms: u64,
-    /// Where metrics go when metrics_enabled: otlp (push), prometheus (/metrics) or both.
-    pub metrics_exporter: String,
-    /// Address of the Prometheus `/metrics` endpoint (exporter prometheus or both).
-    pub prometheus_listen_addr: String,
-    /// Register and answer probes, send none.
-    pub responder_only: bool,
-    pub report_batch_max: usize,
-    pub service_tracing_mode: ServiceTracingMode,
-    /// 0 = inherit target_probe_rate_per_second.
-    pub service_probe_rate_per_second: f64,
-    /// Extra binaries or libraries (absolute paths) to attach the libibverbs uprobes to.
-    #[serde(deserialize_with = "string_list")]
-    pub service_tracing_uprobe_targets: Vec<String>,
-    /// Process name (comm) -> configured service name.
-    #[serde(deserialize_with = "string_map")]
-    pub service_names: std::collections::BTreeMap<String, String>,
-    /// Distinct `service` metric attribute values; beyond it the value is "other".
-    pub max_service_names: usize,
-    pub service_flow_report_interval_ms: u64,
-    /// Hostping inside the running agent: R2R probing between this host's RNICs, the RNIC counter monitor, and the host check (PCIe links, port states, loopback tests).
-    pub hostping_enabled: bool,
-    /// Each RNIC probes one other RNIC of the host this often (the paper: 100 ms).
-    pub hostping_r2r_interval_ms: u64,
-    /// An R2R probe without ACKs after this is a timeout (the paper: 500 ms).
-    pub hostping_r2r_timeout_ms: u64,
-    /// R2R outcomes are judged per window (the paper: 20 s).
-    pub hostping_r2r_window_sec: u64,
-    /// An RNIC whose R2R timeout rate is over this has a network problem (Timeout_th).
-    pub hostping_timeout_th: f64,
-    /// RNIC counters (throughput, Tx pause, drops) are sampled this often.
-    pub hostping_monitor_interval_ms: u64,
-    /// The host check (tree, PCIe links, ports, loopback tests) runs this often, and at once when the host turns idle or abnormal.
-    pub hostping_check_interval_sec: u64,
-    /// The host is idle below this share of line rate (Thp_low): loopback tests cover every RNIC x memory endpoint.
-    pub hostping_thp_low: f64,
-    /// The host is abnormal over this Tx pause ratio (PFC_high): loopback tests cover the affinitive endpoints only.
-    pub hostping_pfc_high: f64,
-    /// A loopback path this far below its affinitive peers is abnormal (Abnormal_th).
-    pub hostping_abnormal_th: f64,
-    /// A link this busy is congested, not failed (Util_high).
-    pub hostping_util_high: f64,
-    /// Run the loopback tests (rdma transport only: an RC QP connected to itself per RNIC x endpoint).
-    pub hostping_loopback_enabled: bool,
-    /// Loopback writes per message size and path.
-    pub hostping_loopback_samples: u32,
-}
-
-impl Default for AgentConfig {
-    fn default() -> Self {
-        let host = local_hostname();
-        AgentConfig {
-            agent_id: host.clone(),
-            hostname: host,
-            tor_id: String::new(),
-            controller_addr: "localhost:50051".into(),
-            probe_interval_ms: 500,
-            target_probe_rate_per_second: 10.0,
-            tor_mesh_probe_rate_per_second: 0.0,
-            inter_tor_probe_rate_per_second: 0.0,
-            pinglist_update_interval_sec: 300,
-            flow_label_rotation_period_sec: 3600,
-            gid_index: 0,
-            service_level: 0,
-            traffic_class: 0,
-            allowed_device_names: Vec::new(),
-            device_tor_ids: std::collections::BTreeMap::new(),
-            metrics_enabled: true,
-            otel_collector_addr: "localhost:4317".into(),
-            analysis_report_enabled: true,
-            analysis_window_sec: 30,
-            self_protection_enabled: false,
-            watchdog_interval_sec: 5,
-            max_memory_mb: 0,
-            max_procs: 0,
-            throttle_memory_ratio: 0.9,
-            throttle_cpu_percent: 90.0,
-            log_level: "info".into(),
-            tls_mode: TlsMode::Disabled,
-            tls_cert_file: String::new(),
-            tls_key_file: String::new(),
-            tls_ca_file: String::new(),
-            tls_server_name: String::new(),
-            transport: Transport::Udp,
-            udp_addresses: vec!["127.0.0.1".into()],
-            udp_port: 18515,
-            probe_timeout_ms: 1000,
-            metrics_export_interval_ms: 10_000,
-            metrics_exporter: "otlp".into(),
-            prometheus_listen_addr: ":9464".into(),
-            responder_only: false,
-            report_batch_max: 256,
-            service_tracing_mode: ServiceTracingMode::Auto,
-            service_probe_rate_per_second: 0.0,
-            service_tracing_uprobe_targets: Vec::new(),
-            service_names: std::collections::BTreeMap::new(),
-            max_service_names: 32,
-            service_flow_report_interval_ms: 1000,
-            hostping_enabled: true,
-            hostping_r2r_interval_ms: 100,
-            hostping_r2r_timeout_ms: 500,
-            hostping_r2r_window_sec: 20,
-            hostping_timeout_th: 0.1,
-            hostping_monitor_interval_ms: 1000,
-            hostping_check_interval_sec: 300,
-            hostping_thp_low: 0.05,
-            hostping_pfc_high: 0.03,
-            hostping_abnormal_th: 0.2,
-            hostping_util_high: 0.9,
-            hostping_loopback_enabled: true,
-            hostping_loopback_samples: 20,
-        }
+config_table! {
+    #[serde(default, deny_unknown_fields)]
+    pub struct AgentConfig;
+    #[command(
+        name = "rpingmesh-agent",
+        version,
+        about = "rpingmesh agent: probes RNICs with the 6-timestamp protocol and reports to the controller"
+    )]
+    pub struct CliArgs;
+    keys {
+        /// Unique agent id (default: the hostname).
+        #[serde(deserialize_with = "lenient_string")]
+        agent_id: String = local_hostname(), flag String;
+        /// Reported at registration (default: this host's name).
+        #[serde(deserialize_with = "lenient_string")]
+        hostname: String = local_hostname(), flag String;
+        /// ToR switch of this host (required).
+        #[serde(deserialize_with = "lenient_string")]
+        tor_id: String = String::new(), flag String;
+        /// Controller gRPC address.
+        #[serde(deserialize_with = "lenient_string")]
+        controller_addr: String = "localhost:50051".into(), flag String;
+        /// One probe per target per round of this length.
+        probe_interval_ms: u64 = 500, flag u64;
+        /// Per-target cap, inherited by a per-type cap left at 0.
+        target_probe_rate_per_second: f64 = 10.0, flag f64;
+        /// 0 = inherit target_probe_rate_per_second.
+        tor_mesh_probe_rate_per_second: f64 = 0.0, flag f64;
+        /// 0 = inherit target_probe_rate_per_second.
+        inter_tor_probe_rate_per_second: f64 = 0.0, flag f64;
+        /// Pinglist refresh period.
+        pinglist_update_interval_sec: u64 = 300, flag u64;
+        /// Period of the rotating 20% of each target's flow labels.
+        flow_label_rotation_period_sec: u64 = 3600, flag u64;
+        /// Signed so that a negative value is reported as out of range, not as a type error.
+        #[arg(allow_negative_numbers = true)]
+        gid_index: i64 = 0, flag i64;
+        /// SL and GRH traffic class of every probe.
+        #[arg(allow_negative_numbers = true)]
+        service_level: i64 = 0, flag i64;
+        /// SL and GRH traffic class of every probe.
+        #[arg(allow_negative_numbers = true)]
+        traffic_class: i64 = 0, flag i64;
+        /// RDMA device filter (empty = all).
+        #[serde(deserialize_with = "string_list")]
+        #[arg(value_delimiter = ',')]
+        allowed_device_names: Vec<String> = Vec::new(), flag Vec<String>;
+        /// RDMA device -> ToR of that rail (rail-optimized fabrics); others use `tor_id`.
+        /// `device=tor,device2=tor2`
+        #[serde(deserialize_with = "string_map")]
+        device_tor_ids: std::collections::BTreeMap<String, String> = std::collections::BTreeMap::new(), flag String;
+        /// OTLP metrics export.
+        metrics_enabled: bool = true, flag bool;
+        /// OTLP/gRPC endpoint.
+        #[serde(deserialize_with = "lenient_string")]
+        otel_collector_addr: String = "localhost:4317".into(), flag String;
+        /// Report per-path window summaries to the controller.
+        analysis_report_enabled: bool = true, flag bool;
+        /// Aggregation window.
+        analysis_window_sec: u64 = 30, flag u64;
+        /// Opt-in watchdog: under CPU or memory pressure it steps every prober's rate down 1.0 -> 0.5 -> 0.25 -> 0.1 (one step per interval, never to 0: fail-slow, not fail-closed) and back up once usage falls below 75% of the threshold.
+        self_protection_enabled: bool = false, flag bool;
+        /// Watchdog sampling period (CPU from /proc/self/stat, RSS from /proc/self/statm).
+        watchdog_interval_sec: u64 = 5, flag u64;
+        /// Memory budget and the fraction of it where throttling engages (0 = no memory throttling; unlike Go's GOMEMLIMIT, no runtime limit is installed).
+        max_memory_mb: u64 = 0, flag u64;
+        /// Caps the agent's runtime worker threads (0 = default, 2).
+        max_procs: u64 = 0, flag u64;
+        /// Memory budget and the fraction of it where throttling engages (0 = no memory throttling; unlike Go's GOMEMLIMIT, no runtime limit is installed).
+        throttle_memory_ratio: f64 = 0.9, flag f64;
+        /// CPU threshold, % of the cores the agent may use (`max_procs`, else all).
+        throttle_cpu_percent: f64 = 90.0, flag f64;
+        /// Debug, info, warn, error.
+        #[serde(deserialize_with = "lenient_string")]
+        log_level: String = "info".into(), flag String;
+        /// Disabled, tls, mtls.
+        #[arg(value_parser = ["disabled", "tls", "mtls"])]
+        tls_mode: TlsMode = TlsMode::Disabled, flag String;
+        /// Disabled, tls, mtls.
+        #[serde(deserialize_with = "lenient_string")]
+        tls_cert_file: String = String::new(), flag String;
+        /// Disabled, tls, mtls.
+        #[serde(deserialize_with = "lenient_string")]
+        tls_key_file: String = String::new(), flag String;
+        /// Disabled, tls, mtls.
+        #[serde(deserialize_with = "lenient_string")]
+        tls_ca_file: String = String::new(), flag String;
+        /// Disabled, tls, mtls.
+        #[serde(deserialize_with = "lenient_string")]
+        tls_server_name: String = String::new(), flag String;
+        /// `udp` (kernel-timestamped UDP) or `rdma` (UD QPs on RoCE NICs; needs a build with `--features rdma`; on a host without RDMA the agent exits with one line: `no RDMA devices: ...; use transport: udp`).
+        #[arg(value_parser = ["udp", "rdma"])]
+        transport: Transport = Transport::Udp, flag String;
+        /// One pseudo-RNIC per address (device names udp0, udp1, ...).
+        #[serde(deserialize_with = "string_list")]
+        #[arg(value_delimiter = ',')]
+        udp_addresses: Vec<String> = vec!["127.0.0.1".into()], flag Vec<String>;
+        /// 0 = an ephemeral port per address.
+        udp_port: u16 = 18515, flag u16;
+        /// A probe without ACKs after this is lost.
+        probe_timeout_ms: u64 = 1000, flag u64;
+        /// OTLP export period.
+        metrics_export_interval_ms: u64 = 10_000, flag u64;
+        /// Where metrics go when metrics_enabled: otlp (push), prometheus (/metrics) or both.
+        /// otlp | prometheus | both.
+        metrics_exporter: String = "otlp".into(), flag String;
+        /// Address of the Prometheus `/metrics` endpoint (exporter prometheus or both).
+        prometheus_listen_addr: String = ":9464".into(), flag String;
+        /// Register and answer probes, send none.
+        responder_only: bool = false, flag bool;
+        /// PathSummaries per ReportProbeAnalysis call.
+        report_batch_max: usize = 256, flag usize;
+        /// `auto` (kprobes on ib_uverbs when the kernel has them, else uprobes on libibverbs), `kprobe`, `uprobe`, `off`.
+        #[arg(value_parser = ["auto", "kprobe", "uprobe", "off"])]
+        service_tracing_mode: ServiceTracingMode = ServiceTracingMode::Auto, flag String;
+        /// 0 = inherit target_probe_rate_per_second.
+        service_probe_rate_per_second: f64 = 0.0, flag f64;
+        /// Extra binaries or libraries (absolute paths) to attach the libibverbs uprobes to.
+        #[serde(deserialize_with = "string_list")]
+        #[arg(value_delimiter = ',')]
+        service_tracing_uprobe_targets: Vec<String> = Vec::new(), flag Vec<String>;
+        /// Process name (comm) -> configured service name.
+        /// `comm=name,comm2=name2`
+        #[serde(deserialize_with = "string_map")]
+        service_names: std::collections::BTreeMap<String, String> = std::collections::BTreeMap::new(), flag String;
+        /// Distinct `service` metric attribute values; beyond it the value is "other".
+        max_service_names: usize = 32, flag usize;
+        /// How often pending service-flow changes are reported (an empty heartbeat goes out every 30 s).
+        service_flow_report_interval_ms: u64 = 1000, flag u64;
+        /// Hostping inside the running agent: R2R probing between this host's RNICs, the RNIC counter monitor, and the host check (PCIe links, port states, loopback tests).
+        hostping_enabled: bool = true, flag bool;
+        /// Each RNIC probes one other RNIC of the host this often (the paper: 100 ms).
+        hostping_r2r_interval_ms: u64 = 100, flag u64;
+        /// An R2R probe without ACKs after this is a timeout (the paper: 500 ms).
+        hostping_r2r_timeout_ms: u64 = 500, flag u64;
+        /// R2R outcomes are judged per window (the paper: 20 s).
+        hostping_r2r_window_sec: u64 = 20, flag u64;
+        /// An RNIC whose R2R timeout rate is over this has a network problem (Timeout_th).
+        hostping_timeout_th: f64 = 0.1, flag f64;
+        /// RNIC counters (throughput, Tx pause, drops) are sampled this often.
+        hostping_monitor_interval_ms: u64 = 1000, flag u64;
+        /// The host check (tree, PCIe links, ports, loopback tests) runs this often, and at once when the host turns idle or abnormal.
+        hostping_check_interval_sec: u64 = 300, flag u64;
+        /// The host is idle below this share of line rate (Thp_low): loopback tests cover every RNIC x memory endpoint.
+        hostping_thp_low: f64 = 0.05, flag f64;
+        /// The host is abnormal over this Tx pause ratio (PFC_high): loopback tests cover the affinitive endpoints only.
+        hostping_pfc_high: f64 = 0.03, flag f64;
+        /// A loopback path this far below its affinitive peers is abnormal (Abnormal_th).
+        hostping_abnormal_th: f64 = 0.2, flag f64;
+        /// A link this busy is congested, not failed (Util_high).
+        hostping_util_high: f64 = 0.9, flag f64;
+        /// Run the loopback tests (rdma transport only: an RC QP connected to itself per RNIC x endpoint).
+        hostping_loopback_enabled: bool = true, flag bool;
+        /// Loopback writes per message size and path.
+        hostping_loopback_samples: u32 = 20, flag u32;
     }
 }
 
@@ -293,200 +215,6 @@ pub struct ConfigError(pub String);
 
 fn err(msg: impl Into<String>) -> ConfigError {
     ConfigError(msg.into())
-}
-
-/// Command-line flags: one optional kebab-case flag per key; unset flags do not override.
-#[derive(Debug, Default, Clone, clap::Parser, Serialize)]
-#[command(
-    name = "rpingmesh-agent",
-    version,
-    about = "rpingmesh agent: probes RNICs with the 6-timestamp protocol and reports to the controller"
-)]
-pub struct CliArgs {
-    /// YAML config file (keys as in configs/agent.yaml).
-    #[arg(long)]
-    #[serde(skip)]
-    pub config: Option<PathBuf>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub agent_id: Option<String>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub hostname: Option<String>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tor_id: Option<String>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub controller_addr: Option<String>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub probe_interval_ms: Option<u64>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub target_probe_rate_per_second: Option<f64>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tor_mesh_probe_rate_per_second: Option<f64>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub inter_tor_probe_rate_per_second: Option<f64>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub pinglist_update_interval_sec: Option<u64>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub flow_label_rotation_period_sec: Option<u64>,
-    #[arg(long, allow_negative_numbers = true)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub gid_index: Option<i64>,
-    #[arg(long, allow_negative_numbers = true)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub service_level: Option<i64>,
-    #[arg(long, allow_negative_numbers = true)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub traffic_class: Option<i64>,
-    #[arg(long, value_delimiter = ',')]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub allowed_device_names: Option<Vec<String>>,
-    /// `device=tor,device2=tor2`
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub device_tor_ids: Option<String>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub metrics_enabled: Option<bool>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub otel_collector_addr: Option<String>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub analysis_report_enabled: Option<bool>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub analysis_window_sec: Option<u64>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub self_protection_enabled: Option<bool>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub watchdog_interval_sec: Option<u64>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_memory_mb: Option<u64>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_procs: Option<u64>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub throttle_memory_ratio: Option<f64>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub throttle_cpu_percent: Option<f64>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub log_level: Option<String>,
-    #[arg(long, value_parser = ["disabled", "tls", "mtls"])]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tls_mode: Option<String>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tls_cert_file: Option<String>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tls_key_file: Option<String>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tls_ca_file: Option<String>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tls_server_name: Option<String>,
-    #[arg(long, value_parser = ["udp", "rdma"])]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub transport: Option<String>,
-    #[arg(long, value_delimiter = ',')]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub udp_addresses: Option<Vec<String>>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub udp_port: Option<u16>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub probe_timeout_ms: Option<u64>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub metrics_export_interval_ms: Option<u64>,
-    /// otlp | prometheus | both.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub metrics_exporter: Option<String>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub prometheus_listen_addr: Option<String>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub responder_only: Option<bool>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub report_batch_max: Option<usize>,
-    #[arg(long, value_parser = ["auto", "kprobe", "uprobe", "off"])]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub service_tracing_mode: Option<String>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub service_probe_rate_per_second: Option<f64>,
-    #[arg(long, value_delimiter = ',')]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub service_tracing_uprobe_targets: Option<Vec<String>>,
-    /// `comm=name,comm2=name2`
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub service_names: Option<String>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_service_names: Option<usize>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub service_flow_report_interval_ms: Option<u64>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub hostping_enabled: Option<bool>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub hostping_r2r_interval_ms: Option<u64>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub hostping_r2r_timeout_ms: Option<u64>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub hostping_r2r_window_sec: Option<u64>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub hostping_timeout_th: Option<f64>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub hostping_monitor_interval_ms: Option<u64>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub hostping_check_interval_sec: Option<u64>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub hostping_thp_low: Option<f64>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub hostping_pfc_high: Option<f64>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub hostping_abnormal_th: Option<f64>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub hostping_util_high: Option<f64>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub hostping_loopback_enabled: Option<bool>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub hostping_loopback_samples: Option<u32>,
 }
 
 impl AgentConfig {
@@ -521,7 +249,11 @@ impl AgentConfig {
             }
             fig = fig.merge(serde_saphyr::figment::Yaml::file_exact(path));
         }
-        fig = fig.merge(EnvProvider::new(env));
+        // Only known keys: the controller's RPINGMESH_* variables may share the environment.
+        fig = fig.merge(NamedDict {
+            name: "environment (RPINGMESH_*)",
+            dict: env_dict(ENV_PREFIX, KEYS, env),
+        });
         fig = fig.merge(Serialized::defaults(cli));
         let mut cfg: AgentConfig = fig
             .extract()
@@ -834,37 +566,6 @@ fn inherit(v: f64, fallback: f64) -> f64 {
         v
     } else {
         fallback
-    }
-}
-
-/// `RPINGMESH_<KEY>` variables. Only known keys are taken, so unrelated `RPINGMESH_*`
-/// variables (the controller's, for instance) do not break the agent. Values are typed as
-/// figment types them (`[a, b]` is a list, `10` a number); string keys accept numbers.
-struct EnvProvider(Dict);
-
-impl EnvProvider {
-    fn new(env: &[(String, String)]) -> Self {
-        let mut dict = Dict::new();
-        for (k, v) in env {
-            let Some(suffix) = k.strip_prefix(ENV_PREFIX) else {
-                continue;
-            };
-            let key = suffix.to_ascii_lowercase();
-            if KEYS.contains(&key.as_str()) {
-                let value: Value = v.parse().unwrap_or_else(|_| Value::from(v.clone()));
-                dict.insert(key, value);
-            }
-        }
-        EnvProvider(dict)
-    }
-}
-
-impl Provider for EnvProvider {
-    fn metadata(&self) -> Metadata {
-        Metadata::named("environment (RPINGMESH_*)")
-    }
-    fn data(&self) -> Result<Map<Profile, Dict>, figment::Error> {
-        Ok(Profile::Default.collect(self.0.clone()))
     }
 }
 
@@ -1295,6 +996,33 @@ mod tests {
                 "{flag} is not a CLI flag"
             );
         }
+    }
+
+    /// The declarations carry the docs: each key has one (its `--help` text too), and the
+    /// README's key tables name every key.
+    #[test]
+    fn every_key_is_documented_here_and_in_the_readme() {
+        let readme = include_str!("../../README.md");
+        let section =
+            &readme[readme.find("### Agent").unwrap()..readme.find("### Controller").unwrap()];
+        for k in KEY_DOCS {
+            assert!(!k.doc.trim().is_empty(), "{} has no doc", k.key);
+            assert!(
+                section.contains(&format!("| {}", k.key))
+                    || section.contains(&format!(" {},", k.key))
+                    || section.contains(&format!(" {})", k.key))
+                    || section.contains(&format!("/ {} ", k.key)),
+                "{} is not in the README's agent key tables",
+                k.key
+            );
+        }
+        let help = <CliArgs as clap::CommandFactory>::command()
+            .render_long_help()
+            .to_string();
+        assert!(
+            help.contains("Each RNIC probes one other RNIC of the host this often"),
+            "{help}"
+        );
     }
 
     #[test]

@@ -8,12 +8,11 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use clap::Parser;
 use figment::providers::Format;
-use figment::value::{Dict, Map, Value};
-use figment::{Figment, Metadata, Profile, Provider};
+use figment::value::{Dict, Value};
+use figment::Figment;
+use rpingmesh_config_table::{config_table, env_dict, NamedDict};
 use rpingmesh_metrics_export::{parse_listen_addr, Exporter};
-use serde::{Deserialize, Serialize};
 
 use crate::analyzer::AnalyzerParams;
 use crate::localize::LocalizerParams;
@@ -26,128 +25,85 @@ pub const MAX_LOCALIZE_SETTLE_SEC: u64 = 3600;
 /// Environment variable prefix shared with the Go version.
 pub const ENV_PREFIX: &str = "RPINGMESH_";
 
-/// Every key the controller accepts (YAML, env, flags).
-pub const KEYS: &[&str] = &[
-    "listen_addr",
-    "database_uri",
-    "active_threshold_sec",
-    "stale_threshold_sec",
-    "inter_tor_sample_size",
-    "ecmp_paths_assumed",
-    "ecmp_coverage_probability",
-    "ecmp_max_flow_labels",
-    "analyzer_enabled",
-    "analyzer_sla_loss_ratio",
-    "analyzer_sla_network_rtt_p99_ns",
-    "analyzer_window_retention",
-    "analyzer_topology_file",
-    "analyzer_localize_settle_sec",
-    "analyzer_open_after_windows",
-    "analyzer_resolve_after_windows",
-    "otel_collector_addr",
-    "log_level",
-    "tls_mode",
-    "tls_cert_file",
-    "tls_key_file",
-    "tls_ca_file",
-    "tls_server_name",
-    "metrics_enabled",
-    "metrics_export_interval_ms",
-    "pinglist_seed",
-    "service_flow_ttl_sec",
-    "max_service_flows_per_agent",
-    "max_services",
-    "metrics_exporter",
-    "prometheus_listen_addr",
-    "http_listen_addr",
-];
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ControllerConfig {
-    pub listen_addr: String,
-    pub database_uri: String,
-    pub active_threshold_sec: u64,
-    pub stale_threshold_sec: u64,
-    pub inter_tor_sample_size: u32,
-    pub ecmp_paths_assumed: u32,
-    pub ecmp_coverage_probability: f64,
-    pub ecmp_max_flow_labels: u32,
-    pub analyzer_enabled: bool,
-    pub analyzer_sla_loss_ratio: f64,
-    pub analyzer_sla_network_rtt_p99_ns: u64,
-    pub analyzer_window_retention: u32,
-    /// Fabric topology (YAML: spines, each ToR's spines, optional ECMP hash) for naming
-    /// ToR-spine links; empty = none (link findings name a ToR's uplink or downlink side).
-    pub analyzer_topology_file: String,
-    /// How long after a window ends its reports are awaited before it is localized.
-    pub analyzer_localize_settle_sec: u64,
-    /// K: consecutive windows blaming a component before its finding opens.
-    pub analyzer_open_after_windows: u32,
-    /// M: windows not blaming a component before its open finding resolves.
-    pub analyzer_resolve_after_windows: u32,
-    pub otel_collector_addr: String,
-    pub log_level: String,
-    pub tls_mode: String,
-    pub tls_cert_file: String,
-    pub tls_key_file: String,
-    pub tls_ca_file: String,
-    /// Present for key symmetry with the agent; unused by the server role.
-    pub tls_server_name: String,
-    pub metrics_enabled: bool,
-    pub metrics_export_interval_ms: u64,
-    /// Fixed seed for pinglist randomness (tests); `None` = fresh randomness per request.
-    pub pinglist_seed: Option<u64>,
-    /// Service flows of an agent that has not reported for this long are dropped.
-    pub service_flow_ttl_sec: u64,
-    /// Service flows held per agent; new flows beyond it are rejected and counted.
-    pub max_service_flows_per_agent: u32,
-    /// Distinct service names in use at once; further names become "other".
-    pub max_services: u32,
-    /// Where metrics go when metrics_enabled: otlp (push), prometheus (/metrics) or both.
-    pub metrics_exporter: String,
-    /// Address of the Prometheus `/metrics` endpoint (exporter prometheus or both).
-    pub prometheus_listen_addr: String,
-    /// Address of the operator web page and its JSON API; empty = off.
-    pub http_listen_addr: String,
-}
-
-impl Default for ControllerConfig {
-    fn default() -> Self {
-        Self {
-            listen_addr: ":50051".into(),
-            database_uri: "sqlite:rpingmesh-controller.db".into(),
-            active_threshold_sec: 300,
-            stale_threshold_sec: 900,
-            inter_tor_sample_size: 5,
-            ecmp_paths_assumed: 16,
-            ecmp_coverage_probability: 0.9,
-            ecmp_max_flow_labels: 64,
-            analyzer_enabled: true,
-            analyzer_sla_loss_ratio: 0.02,
-            analyzer_sla_network_rtt_p99_ns: 500_000,
-            analyzer_window_retention: 20,
-            analyzer_topology_file: String::new(),
-            analyzer_localize_settle_sec: 10,
-            analyzer_open_after_windows: 1,
-            analyzer_resolve_after_windows: 2,
-            otel_collector_addr: "localhost:4317".into(),
-            log_level: "info".into(),
-            tls_mode: "disabled".into(),
-            tls_cert_file: String::new(),
-            tls_key_file: String::new(),
-            tls_ca_file: String::new(),
-            tls_server_name: String::new(),
-            metrics_enabled: true,
-            metrics_export_interval_ms: 10_000,
-            pinglist_seed: None,
-            service_flow_ttl_sec: 120,
-            max_service_flows_per_agent: 4096,
-            max_services: 64,
-            metrics_exporter: "otlp".into(),
-            prometheus_listen_addr: ":9465".into(),
-            http_listen_addr: String::new(),
-        }
+config_table! {
+    #[serde(deny_unknown_fields, default)]
+    pub struct ControllerConfig;
+    #[command(
+        name = "rpingmesh-controller",
+        version,
+        about = "R-Pingmesh controller"
+    )]
+    pub struct CliArgs;
+    keys {
+        /// gRPC listen address of ControllerService and OperatorService (":port" means all
+        /// interfaces).
+        listen_addr: String = ":50051".into(), flag String;
+        /// Registry store: `sqlite:<path>` or `sqlite::memory:` (etcd:// is recognized, to
+        /// say it is not available yet).
+        database_uri: String = "sqlite:rpingmesh-controller.db".into(), flag String;
+        /// RNICs not heard from for this long are left out of pinglists.
+        active_threshold_sec: u64 = 300, flag u64;
+        /// RNICs not heard from for this long are removed (>= active_threshold_sec).
+        stale_threshold_sec: u64 = 900, flag u64;
+        /// Other ToRs per inter-ToR pinglist.
+        inter_tor_sample_size: u32 = 5, flag u32;
+        /// ECMP paths assumed between two ToRs (flow-label coverage, Eq. 1).
+        ecmp_paths_assumed: u32 = 16, flag u32;
+        /// Probability that the flow labels cover every ECMP path (Eq. 1).
+        ecmp_coverage_probability: f64 = 0.9, flag f64;
+        /// Upper bound on flow labels per inter-ToR target.
+        ecmp_max_flow_labels: u32 = 64, flag u32;
+        /// Run the analyzer (phase 1 SLA flags, phase 2 localization).
+        analyzer_enabled: bool = true, flag bool;
+        /// A path over this loss ratio breaks its SLA.
+        analyzer_sla_loss_ratio: f64 = 0.02, flag f64;
+        /// A path whose p99 network RTT is over this breaks its SLA.
+        analyzer_sla_network_rtt_p99_ns: u64 = 500_000, flag u64;
+        /// Windows kept per path.
+        analyzer_window_retention: u32 = 20, flag u32;
+        /// Fabric topology (YAML: spines, each ToR's spines, optional ECMP hash) for naming
+        /// ToR-spine links; empty = none (link findings name a ToR's uplink or downlink side).
+        analyzer_topology_file: String = String::new(), flag String;
+        /// How long after a window ends its reports are awaited before it is localized.
+        analyzer_localize_settle_sec: u64 = 10, flag u64;
+        /// K: consecutive windows blaming a component before its finding opens.
+        analyzer_open_after_windows: u32 = 1, flag u32;
+        /// M: windows not blaming a component before its open finding resolves.
+        analyzer_resolve_after_windows: u32 = 2, flag u32;
+        /// OTLP/gRPC endpoint of the metrics.
+        otel_collector_addr: String = "localhost:4317".into(), flag String;
+        /// debug, info, warn, error.
+        log_level: String = "info".into(), flag String;
+        /// disabled, tls, mtls.
+        tls_mode: String = "disabled".into(), flag String;
+        /// Server certificate (tls, mtls).
+        tls_cert_file: String = String::new(), flag String;
+        /// Server key (tls, mtls).
+        tls_key_file: String = String::new(), flag String;
+        /// CA the agents' certificates are checked against (mtls).
+        tls_ca_file: String = String::new(), flag String;
+        /// Present for key symmetry with the agent; unused by the server role.
+        tls_server_name: String = String::new(), flag String;
+        /// Export the controller's metrics.
+        metrics_enabled: bool = true, flag bool;
+        /// OTLP export period.
+        metrics_export_interval_ms: u64 = 10_000, flag u64;
+        /// Fixed seed for pinglist randomness (tests); `None` = fresh randomness per request.
+        pinglist_seed: Option<u64> = None, flag u64;
+        /// Service flows of an agent that has not reported for this long are dropped.
+        service_flow_ttl_sec: u64 = 120, flag u64;
+        /// Service flows held per agent; new flows beyond it are rejected and counted.
+        max_service_flows_per_agent: u32 = 4096, flag u32;
+        /// Distinct service names in use at once; further names become "other".
+        max_services: u32 = 64, flag u32;
+        /// Where metrics go when metrics_enabled: otlp (push), prometheus (/metrics) or both.
+        /// otlp | prometheus | both.
+        metrics_exporter: String = "otlp".into(), flag String;
+        /// Address of the Prometheus `/metrics` endpoint (exporter prometheus or both).
+        prometheus_listen_addr: String = ":9465".into(), flag String;
+        /// Address of the operator web page and its JSON API (e.g. 127.0.0.1:8080); empty =
+        /// off.
+        http_listen_addr: String = String::new(), flag String;
     }
 }
 
@@ -180,156 +136,6 @@ fn invalid(key: &'static str, msg: impl Into<String>) -> ConfigError {
         key,
         msg: msg.into(),
     }
-}
-
-/// Command-line flags: one per key (kebab-case) plus `--config`.
-#[derive(Debug, Clone, Default, Parser, Serialize)]
-#[command(
-    name = "rpingmesh-controller",
-    version,
-    about = "R-Pingmesh controller"
-)]
-pub struct CliArgs {
-    /// YAML config file (keys as in configs/controller.yaml).
-    #[arg(long)]
-    #[serde(skip)]
-    pub config: Option<PathBuf>,
-    /// gRPC listen address (":port" means all interfaces).
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub listen_addr: Option<String>,
-    /// Registry store: sqlite:<path>, sqlite::memory: (etcd:// is recognized, to say it
-    /// is not available yet).
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub database_uri: Option<String>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub active_threshold_sec: Option<u64>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub stale_threshold_sec: Option<u64>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub inter_tor_sample_size: Option<u32>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub ecmp_paths_assumed: Option<u32>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub ecmp_coverage_probability: Option<f64>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub ecmp_max_flow_labels: Option<u32>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub analyzer_enabled: Option<bool>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub analyzer_sla_loss_ratio: Option<f64>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub analyzer_sla_network_rtt_p99_ns: Option<u64>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub analyzer_window_retention: Option<u32>,
-    /// Fabric topology YAML (spines, each ToR's spines, optional ECMP hash); empty = none.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub analyzer_topology_file: Option<String>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub analyzer_localize_settle_sec: Option<u64>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub analyzer_open_after_windows: Option<u32>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub analyzer_resolve_after_windows: Option<u32>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub otel_collector_addr: Option<String>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub log_level: Option<String>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tls_mode: Option<String>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tls_cert_file: Option<String>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tls_key_file: Option<String>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tls_ca_file: Option<String>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tls_server_name: Option<String>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub metrics_enabled: Option<bool>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub metrics_export_interval_ms: Option<u64>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub pinglist_seed: Option<u64>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub service_flow_ttl_sec: Option<u64>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_service_flows_per_agent: Option<u32>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_services: Option<u32>,
-    /// otlp | prometheus | both.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub metrics_exporter: Option<String>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub prometheus_listen_addr: Option<String>,
-    /// The operator web page and JSON API (e.g. 127.0.0.1:8080); empty = off.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub http_listen_addr: Option<String>,
-}
-
-/// A figment provider over an already-built dictionary, with a readable source name
-/// for error messages.
-struct NamedDict {
-    name: &'static str,
-    dict: Dict,
-}
-
-impl Provider for NamedDict {
-    fn metadata(&self) -> Metadata {
-        Metadata::named(self.name)
-    }
-    fn data(&self) -> Result<Map<Profile, Dict>, figment::Error> {
-        Ok(Profile::Default.collect(self.dict.clone()))
-    }
-}
-
-/// Picks `RPINGMESH_<KEY>` variables for known keys only: agent variables such as
-/// `RPINGMESH_TOR_ID` may share the environment and must not trip `deny_unknown_fields`.
-fn env_dict(env: impl IntoIterator<Item = (String, String)>) -> Dict {
-    let mut dict = Dict::new();
-    for (k, v) in env {
-        let Some(rest) = k.strip_prefix(ENV_PREFIX) else {
-            continue;
-        };
-        let key = rest.to_ascii_lowercase();
-        if KEYS.contains(&key.as_str()) {
-            // Same typed parsing as figment's Env provider ("300" -> number, "true" -> bool).
-            let value: Value = v.parse().expect("figment Value parsing is infallible");
-            dict.insert(key, value);
-        }
-    }
-    dict
 }
 
 fn describe(err: &figment::Error) -> String {
@@ -380,7 +186,7 @@ impl ControllerConfig {
         }
         fig = fig.merge(NamedDict {
             name: "environment (RPINGMESH_*)",
-            dict: env_dict(env),
+            dict: env_dict(ENV_PREFIX, KEYS, &env),
         });
         let flags = match Value::serialize(cli) {
             Ok(Value::Dict(_, d)) => d,
@@ -658,6 +464,25 @@ pub fn default_keys() -> BTreeMap<&'static str, String> {
 
 #[cfg(test)]
 mod tests {
+    use clap::Parser;
+
+    /// The declarations carry the docs (and `--help`); the README's table names each key.
+    #[test]
+    fn every_key_is_documented_here_and_in_the_readme() {
+        let readme = include_str!("../../README.md");
+        let start = readme.find("### Controller").unwrap();
+        let section = &readme[start..start + readme[start..].find("\n## ").unwrap()];
+        for k in KEY_DOCS {
+            assert!(!k.doc.trim().is_empty(), "{} has no doc", k.key);
+            let named =
+                section.contains(k.key) || (k.key.starts_with("tls_") && section.contains("tls_*"));
+            assert!(
+                named,
+                "{} is not in the README's controller key table",
+                k.key
+            );
+        }
+    }
     use super::*;
     use std::io::Write;
 
