@@ -39,7 +39,8 @@ impl KeyDoc {
 /// Declares a config struct, its `Default`, its clap flags struct, `KEYS` and `KEY_DOCS`
 /// from one entry per key:
 ///
-/// ```ignore
+/// ```
+/// use rpingmesh_config_table::config_table;
 /// config_table! {
 ///     #[serde(default, deny_unknown_fields)]
 ///     pub struct AgentConfig;
@@ -49,11 +50,12 @@ impl KeyDoc {
 ///         /// How often each target is probed.
 ///         probe_interval_ms: u64 = 500, flag u64;
 ///         /// Local IPs, one pseudo-RNIC each.
-///         #[serde(deserialize_with = "string_list")]
 ///         #[arg(value_delimiter = ',')]
 ///         udp_addresses: Vec<String> = vec!["127.0.0.1".into()], flag Vec<String>;
 ///     }
 /// }
+/// assert_eq!(KEYS, &["probe_interval_ms", "udp_addresses"]);
+/// assert_eq!(AgentConfig::default().probe_interval_ms, 500);
 /// ```
 ///
 /// `#[serde(..)]` attributes go to the config field, `#[arg(..)]` to the flag (which is
