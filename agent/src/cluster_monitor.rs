@@ -19,6 +19,10 @@ use crate::targets::{convert_list, Pinglists};
 pub struct Registrar {
     client: ControllerClient,
     state: Mutex<RegState>,
+    /// As the controller last asked (DEFAULT_HEARTBEAT until it says otherwise). A watch,
+    /// so that a heartbeat loop already waiting out the default learns the controller's
+    /// interval at the first registration instead of sleeping 60 s on.
+    heartbeat: watch::Sender<Duration>,
 }
 
 struct RegState {
@@ -26,8 +30,6 @@ struct RegState {
     request: AgentRegistrationRequest,
     registered: bool,
     failing: bool,
-    /// As the controller last asked (DEFAULT_HEARTBEAT until it says otherwise).
-    heartbeat: Duration,
 }
 
 /// The Go agent's heartbeat, used when the controller does not name one.
@@ -50,8 +52,8 @@ impl Registrar {
                 request,
                 registered: false,
                 failing: false,
-                heartbeat: DEFAULT_HEARTBEAT,
             }),
+            heartbeat: watch::Sender::new(DEFAULT_HEARTBEAT),
         }
     }
 
@@ -97,8 +99,13 @@ impl Registrar {
     }
 
     /// How often to heartbeat, as the controller last asked.
-    pub async fn heartbeat_interval(&self) -> Duration {
-        self.state.lock().await.heartbeat
+    pub fn heartbeat_interval(&self) -> Duration {
+        *self.heartbeat.borrow()
+    }
+
+    /// The heartbeat interval, following every change the controller asks for.
+    pub fn heartbeat_watch(&self) -> watch::Receiver<Duration> {
+        self.heartbeat.subscribe()
     }
 
     async fn register_locked(
@@ -111,7 +118,9 @@ impl Registrar {
                 let was = st.registered;
                 st.registered = true;
                 st.failing = false;
-                st.heartbeat = heartbeat_interval(hb);
+                let every = heartbeat_interval(hb);
+                self.heartbeat
+                    .send_if_modified(|v| std::mem::replace(v, every) != every);
                 if heartbeat && was {
                     tracing::debug!(agent_id = %st.request.agent_id, "heartbeat");
                 } else {
@@ -119,7 +128,7 @@ impl Registrar {
                         controller = self.client.addr(),
                         agent_id = %st.request.agent_id,
                         rnics = st.request.rnics.len(),
-                        heartbeat_sec = st.heartbeat.as_secs(),
+                        heartbeat_sec = every.as_secs(),
                         "registered with controller"
                     );
                 }
@@ -155,13 +164,24 @@ impl Registrar {
 /// Registers again every heartbeat interval until shutdown (a failed heartbeat is
 /// retried at the next one; the cluster monitors also register on their own).
 pub async fn run_heartbeat(registrar: Arc<Registrar>, mut shutdown: watch::Receiver<bool>) {
+    let mut every = registrar.heartbeat_watch();
     loop {
-        let every = registrar.heartbeat_interval().await;
-        tokio::select! {
-            _ = tokio::time::sleep(every) => {}
+        let wait = *every.borrow_and_update();
+        let beat = tokio::select! {
+            _ = tokio::time::sleep(wait) => true,
+            // The controller asked for another interval (at start: the first registration
+            // replaces the 60 s default): wait again with it.
+            changed = every.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                false
+            }
             _ = shutdown.wait_for(|s| *s) => return,
+        };
+        if beat {
+            let _ = registrar.heartbeat().await;
         }
-        let _ = registrar.heartbeat().await;
     }
 }
 

@@ -176,3 +176,70 @@ async fn live_agents_stay_active_and_a_killed_one_goes_inactive_then_stale() {
         assert_eq!(active_of(&r, g), Some(true), "{g}: {r:?}");
     }
 }
+
+/// An agent that starts before its controller waits out its registration backoff, and its
+/// heartbeat loop starts before any controller has named an interval. The first
+/// registration's interval (a third of the active threshold) must take over from the
+/// Go default of 60 s at once; pinglist fetches, four active periods apart here, cannot
+/// keep it active on their own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_started_before_its_controller_heartbeats_at_the_controllers_pace() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let ip = Ipv4Addr::new(127, 0, 6, 9);
+    let _agent = spawn_agent(
+        dir.path(),
+        None,
+        &AgentArgs::new("early", "tor-e", &addr, ip)
+            .flag("--metrics-enabled", "false")
+            .flag("--service-tracing-mode", "off")
+            .flag("--hostping-enabled", "false")
+            .flag("--pinglist-update-interval-sec", 4 * ACTIVE_SEC),
+    )
+    .unwrap();
+    // The agent's first registration attempts fail: nothing listens yet.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let ctl = spawn_controller(
+        dir.path(),
+        "controller",
+        None,
+        &addr,
+        &[
+            "--metrics-enabled",
+            "false",
+            "--active-threshold-sec",
+            &ACTIVE_SEC.to_string(),
+            "--stale-threshold-sec",
+            &STALE_SEC.to_string(),
+        ],
+    )
+    .unwrap();
+    let mut op = operator(&ctl.endpoint()).await.unwrap();
+    let gid = gid_of(ip);
+    let registered = wait_for(Duration::from_secs(20), Duration::from_millis(200), || {
+        let mut op = op.clone();
+        let g = gid.clone();
+        async move {
+            let r = list_rnics(&mut op).await.ok()?;
+            (active_of(&r, &g) == Some(true)).then_some(())
+        }
+    })
+    .await;
+    assert!(registered.is_some(), "the agent never registered");
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(4 * ACTIVE_SEC) {
+        let r = list_rnics(&mut op).await.unwrap();
+        assert_eq!(
+            active_of(&r, &gid),
+            Some(true),
+            "not active {:.1} s after registering: {r:?}",
+            started.elapsed().as_secs_f64()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
