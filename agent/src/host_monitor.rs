@@ -290,7 +290,10 @@ pub async fn run(cfg: Arc<AgentConfig>, mut io: HostMonitorIo) {
         }
         gauges.mode(mode);
         let turned = mode != was && matches!(mode, HostMode::Idle | HostMode::Abnormal);
-        let gap_ok = last_check.is_none_or(|t| now.duration_since(t) >= MIN_TRIGGER_GAP);
+        // Only after the first, scheduled check: that one waits for the first R2R verdict,
+        // and the mode turns from its initial Busy at the first counter sample anyway
+        // (a trigger then reported loopback results with an empty R2R part).
+        let gap_ok = last_check.is_some_and(|t| now.duration_since(t) >= MIN_TRIGGER_GAP);
         if loopback_job.is_none() && (now >= next_check || (turned && gap_ok)) {
             if turned && now < next_check {
                 tracing::info!(mode = ?mode, "hostping: the host's mode changed; checking it now");
