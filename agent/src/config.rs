@@ -69,7 +69,7 @@ config_table! {
         /// ToR switch of this host (required).
         #[serde(deserialize_with = "lenient_string")]
         tor_id: String = String::new(), flag String;
-        /// Controller gRPC address.
+        /// Controller gRPC address; several replicas comma-separated (calls fail over in order).
         #[serde(deserialize_with = "lenient_string")]
         controller_addr: String = "localhost:50051".into(), flag String;
         /// One probe per target per round of this length.

@@ -1,5 +1,7 @@
 //! gRPC client of the controller's `ControllerService`: lazy connection, timeouts, TLS.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use rpingmesh_proto::controller_agent::controller_service_client::ControllerServiceClient;
@@ -87,45 +89,107 @@ pub fn pinglist_type(kind: PinglistKind) -> Option<PinglistType> {
     }
 }
 
+/// The controller's client. `controller_addr` may name several replicas (comma
+/// separated): calls go to the one that last answered, and move on to the next when it
+/// cannot be reached (UNAVAILABLE, a deadline, a cancelled call), so an agent whose
+/// controller dies carries on with another within its next call.
 #[derive(Clone)]
 pub struct ControllerClient {
-    inner: ControllerServiceClient<Channel>,
+    replicas: Arc<[(String, ControllerServiceClient<Channel>)]>,
+    current: Arc<AtomicUsize>,
     addr: String,
 }
 
+/// The replicas named by `controller_addr`, in order (empty parts ignored).
+pub fn controller_addrs(addr: &str) -> Vec<String> {
+    addr.split(',')
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+        .map(String::from)
+        .collect()
+}
+
+/// Whether a failed call should be tried on the next replica: the controller could not
+/// be reached or did not answer, as opposed to answering with an error.
+pub fn fails_over(s: &tonic::Status) -> bool {
+    matches!(
+        s.code(),
+        tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled
+    )
+}
+
 impl ControllerClient {
-    /// Builds the channel without connecting: the first RPC connects (and reconnects
+    /// Builds the channels without connecting: the first RPC connects (and reconnects
     /// after failures), so an unreachable controller never blocks agent start.
     pub fn connect_lazy(cfg: &AgentConfig) -> anyhow::Result<Self> {
         let tls = cfg.tls_mode != TlsMode::Disabled;
-        let uri = controller_uri(&cfg.controller_addr, tls);
-        let mut ep = Endpoint::from_shared(uri.clone())
-            .map_err(|e| {
-                anyhow::anyhow!(
-                    "controller_addr {:?} is not a valid address: {e}",
-                    cfg.controller_addr
+        let addrs = controller_addrs(&cfg.controller_addr);
+        if addrs.is_empty() {
+            anyhow::bail!("controller_addr is empty");
+        }
+        let mut replicas = Vec::with_capacity(addrs.len());
+        for a in addrs {
+            let uri = controller_uri(&a, tls);
+            let mut ep = Endpoint::from_shared(uri.clone())
+                .map_err(|e| anyhow::anyhow!("controller_addr {a:?} is not a valid address: {e}"))?
+                .connect_timeout(CONNECT_TIMEOUT)
+                .timeout(RPC_TIMEOUT)
+                .tcp_nodelay(true);
+            if tls {
+                let tls_cfg = rpingmesh_proto::endpoint::client_tls_config(
+                    cfg.tls_mode == TlsMode::Mtls,
+                    &cfg.tls_ca_file,
+                    &cfg.tls_cert_file,
+                    &cfg.tls_key_file,
+                    &cfg.tls_server_name,
                 )
-            })?
-            .connect_timeout(CONNECT_TIMEOUT)
-            .timeout(RPC_TIMEOUT)
-            .tcp_nodelay(true);
-        if tls {
-            let tls_cfg = rpingmesh_proto::endpoint::client_tls_config(
-                cfg.tls_mode == TlsMode::Mtls,
-                &cfg.tls_ca_file,
-                &cfg.tls_cert_file,
-                &cfg.tls_key_file,
-                &cfg.tls_server_name,
-            )
-            .map_err(|e| anyhow::anyhow!(e))?;
-            ep = ep
-                .tls_config(tls_cfg)
-                .map_err(|e| anyhow::anyhow!("tls_mode {:?}: bad TLS setup: {e}", cfg.tls_mode))?;
+                .map_err(|e| anyhow::anyhow!(e))?;
+                ep = ep.tls_config(tls_cfg).map_err(|e| {
+                    anyhow::anyhow!("tls_mode {:?}: bad TLS setup: {e}", cfg.tls_mode)
+                })?;
+            }
+            replicas.push((a, ControllerServiceClient::new(ep.connect_lazy())));
         }
         Ok(ControllerClient {
-            inner: ControllerServiceClient::new(ep.connect_lazy()),
+            replicas: replicas.into(),
+            current: Arc::new(AtomicUsize::new(0)),
             addr: cfg.controller_addr.clone(),
         })
+    }
+
+    /// Runs `f` on the current replica, then on each next one while they cannot be
+    /// reached; the one that answers becomes current.
+    async fn call<T, F, Fut>(&self, f: F) -> Result<T, ControllerError>
+    where
+        F: Fn(ControllerServiceClient<Channel>) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let n = self.replicas.len();
+        let start = self.current.load(Ordering::Relaxed) % n;
+        let mut last = None;
+        for k in 0..n {
+            let i = (start + k) % n;
+            match f(self.replicas[i].1.clone()).await {
+                Ok(r) => {
+                    if i != start
+                        && self
+                            .current
+                            .compare_exchange(start, i, Ordering::Relaxed, Ordering::Relaxed)
+                            .is_ok()
+                    {
+                        tracing::warn!(
+                            from = %self.replicas[start].0,
+                            to = %self.replicas[i].0,
+                            "controller unreachable; failed over to another replica"
+                        );
+                    }
+                    return Ok(r.into_inner());
+                }
+                Err(s) if fails_over(&s) && k + 1 < n => last = Some(s),
+                Err(s) => return Err(ControllerError::Rpc(s)),
+            }
+        }
+        Err(ControllerError::Rpc(last.expect("at least one replica")))
     }
 
     pub fn addr(&self) -> &str {
@@ -136,12 +200,11 @@ impl ControllerClient {
     /// as from a Go controller).
     pub async fn register(&self, req: AgentRegistrationRequest) -> Result<u32, ControllerError> {
         let resp = self
-            .inner
-            .clone()
-            .register_agent(req)
-            .await
-            .map_err(ControllerError::Rpc)?
-            .into_inner();
+            .call(|mut c| {
+                let req = req.clone();
+                async move { c.register_agent(req).await }
+            })
+            .await?;
         if resp.success {
             Ok(resp.heartbeat_interval_sec)
         } else {
@@ -168,25 +231,23 @@ impl ControllerClient {
             r#type: ty as i32,
         };
         let resp = self
-            .inner
-            .clone()
-            .get_pinglist(req)
-            .await
-            .map_err(ControllerError::Rpc)?;
-        Ok(resp.into_inner().targets)
+            .call(|mut c| {
+                let req = req.clone();
+                async move { c.get_pinglist(req).await }
+            })
+            .await?;
+        Ok(resp.targets)
     }
 
     pub async fn report_service_flows(
         &self,
         report: ServiceFlowReport,
     ) -> Result<ServiceFlowAck, ControllerError> {
-        let resp = self
-            .inner
-            .clone()
-            .report_service_flows(report)
-            .await
-            .map_err(ControllerError::Rpc)?;
-        Ok(resp.into_inner())
+        self.call(|mut c| {
+            let r = report.clone();
+            async move { c.report_service_flows(r).await }
+        })
+        .await
     }
 
     /// Sends a Hostping report of this host.
@@ -194,13 +255,11 @@ impl ControllerClient {
         &self,
         report: HostHealthReport,
     ) -> Result<HostHealthAck, ControllerError> {
-        let resp = self
-            .inner
-            .clone()
-            .report_host_health(report)
-            .await
-            .map_err(ControllerError::Rpc)?;
-        Ok(resp.into_inner())
+        self.call(|mut c| {
+            let r = report.clone();
+            async move { c.report_host_health(r).await }
+        })
+        .await
     }
 
     pub async fn report(
@@ -212,13 +271,11 @@ impl ControllerClient {
             agent_id: agent_id.to_string(),
             summaries,
         };
-        let resp = self
-            .inner
-            .clone()
-            .report_probe_analysis(req)
-            .await
-            .map_err(ControllerError::Rpc)?;
-        Ok(resp.into_inner())
+        self.call(|mut c| {
+            let r = req.clone();
+            async move { c.report_probe_analysis(r).await }
+        })
+        .await
     }
 }
 

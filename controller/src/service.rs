@@ -175,7 +175,8 @@ impl ControllerState {
     /// Opens the store named by `database_uri` and loads the index from it.
     pub fn new(cfg: &ControllerConfig, metrics: AnalyzerMetrics) -> anyhow::Result<Self> {
         let db = cfg.database()?;
-        let store = registry::open_store(&db).context("opening the registry")?;
+        let store =
+            registry::open_store(&db, cfg.stale_threshold_sec).context("opening the registry")?;
         Self::with_store(cfg, store, metrics, system_clock())
     }
 

@@ -183,6 +183,24 @@ const NEEDED: &[Need] = &[
         why: "scraping /metrics and evaluating every Grafana panel's query in a test",
     },
     Need {
+        what: "protoc",
+        present: || have_tool("protoc"),
+        package: "protobuf-compiler",
+        why: "etcd-client's build script compiles etcd's .proto files",
+    },
+    Need {
+        what: "google/protobuf/descriptor.proto",
+        present: || Path::new("/usr/include/google/protobuf/descriptor.proto").is_file(),
+        package: "libprotobuf-dev",
+        why: "the well-known .proto files etcd's .proto files import",
+    },
+    Need {
+        what: "etcd",
+        present: || have_tool("etcd"),
+        package: "etcd-server",
+        why: "the etcd registry's tests start a real etcd on loopback",
+    },
+    Need {
         what: "cc",
         present: || have_tool("cc"),
         package: "gcc",

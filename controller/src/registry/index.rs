@@ -138,6 +138,15 @@ impl RegistryIndex {
         }
     }
 
+    /// Forgets an agent and its RNICs (its entry expired or was deleted in a shared store).
+    pub fn remove_agent(&mut self, agent_id: &str) {
+        if let Some(a) = self.agents.remove(agent_id) {
+            for g in a.gids {
+                self.remove_rnic(&g);
+            }
+        }
+    }
+
     /// Same semantics as [`super::Registry::excuse_all`].
     pub fn excuse_all(&mut self, by: u64, now: u64) {
         let excused = |t: u64| t.max(t.saturating_add(by).min(now));

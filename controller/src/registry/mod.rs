@@ -2,13 +2,15 @@
 //! default) and an in-memory [`RegistryIndex`] kept in sync with it. Pinglists are
 //! answered from the index, never by a table scan per request.
 
+mod etcd;
 mod index;
 mod sqlite;
 
-use std::sync::{Mutex, RwLock, RwLockReadGuard};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 
 use rpingmesh_proto::operator::{Finding, HostHealth};
 
+pub use etcd::{EtcdRegistry, ELECTION as ETCD_ELECTION};
 pub use index::RegistryIndex;
 pub use sqlite::SqliteRegistry;
 
@@ -51,6 +53,13 @@ pub enum RegistryError {
 /// A durable RNIC store. Implementations do no caching; [`IndexedRegistry`] keeps the
 /// in-memory index.
 pub trait Registry: Send {
+    /// A store shared by several controllers (etcd) keeps `index` current itself, from a
+    /// watch that carries every replica's writes, and returns true: it has loaded it and
+    /// its writes return once the index shows them. A local store returns false and the
+    /// index is loaded from it and updated beside each write.
+    fn attach_index(&mut self, _index: &Arc<RwLock<RegistryIndex>>) -> Result<bool, RegistryError> {
+        Ok(false)
+    }
     /// Stores `agent` and replaces that agent's previous RNIC set with `rnics`, all
     /// stamped `now`. A GID owned by another agent moves to this one.
     fn register_agent(
@@ -81,15 +90,16 @@ pub trait Registry: Send {
     fn load_hosts(&self) -> Result<Vec<HostHealth>, RegistryError>;
 }
 
-/// Opens the store selected by `database_uri`.
-pub fn open_store(db: &DatabaseUri) -> Result<Box<dyn Registry>, RegistryError> {
+/// Opens the store selected by `database_uri`; agent entries in etcd live
+/// `stale_threshold_sec` past their last heartbeat.
+pub fn open_store(
+    db: &DatabaseUri,
+    stale_threshold_sec: u64,
+) -> Result<Box<dyn Registry>, RegistryError> {
     match db {
         DatabaseUri::SqliteMemory => Ok(Box::new(SqliteRegistry::open_in_memory()?)),
         DatabaseUri::SqliteFile(p) => Ok(Box::new(SqliteRegistry::open(p)?)),
-        DatabaseUri::Etcd(ep) => Err(RegistryError::Other(format!(
-            "database_uri etcd://{ep}: the etcd registry is not available in this build yet; \
-             use sqlite:<path>"
-        ))),
+        DatabaseUri::Etcd(ep) => Ok(Box::new(EtcdRegistry::connect(ep, stale_threshold_sec)?)),
     }
 }
 
@@ -98,20 +108,34 @@ pub fn open_store(db: &DatabaseUri) -> Result<Box<dyn Registry>, RegistryError> 
 /// the index read lock.
 pub struct IndexedRegistry {
     store: Mutex<Box<dyn Registry>>,
-    index: RwLock<RegistryIndex>,
+    index: Arc<RwLock<RegistryIndex>>,
+    /// The store keeps the index itself (etcd); writes here leave it alone.
+    store_feeds_index: bool,
 }
 
 impl IndexedRegistry {
     /// Wraps `store` and loads the index from it.
-    pub fn new(store: Box<dyn Registry>) -> Result<Self, RegistryError> {
-        let mut index = RegistryIndex::default();
-        let agents = store.list_agents()?;
-        let rnics = store.list_rnics()?;
-        index.load(agents, rnics);
+    pub fn new(mut store: Box<dyn Registry>) -> Result<Self, RegistryError> {
+        let index = Arc::new(RwLock::new(RegistryIndex::default()));
+        let store_feeds_index = store.attach_index(&index)?;
+        if !store_feeds_index {
+            let agents = store.list_agents()?;
+            let rnics = store.list_rnics()?;
+            index
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .load(agents, rnics);
+        }
         Ok(Self {
             store: Mutex::new(store),
-            index: RwLock::new(index),
+            index,
+            store_feeds_index,
         })
+    }
+
+    /// The index after a local write (a store that feeds it has updated it already).
+    fn local_index(&self) -> Option<std::sync::RwLockWriteGuard<'_, RegistryIndex>> {
+        (!self.store_feeds_index).then(|| self.index.write().unwrap_or_else(|e| e.into_inner()))
     }
 
     pub fn register_agent(
@@ -122,20 +146,18 @@ impl IndexedRegistry {
     ) -> Result<(), RegistryError> {
         let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
         store.register_agent(agent, rnics, now)?;
-        self.index
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .register_agent(agent, rnics, now);
+        if let Some(mut idx) = self.local_index() {
+            idx.register_agent(agent, rnics, now);
+        }
         Ok(())
     }
 
     pub fn touch(&self, agent_id: &str, now: u64) -> Result<usize, RegistryError> {
         let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
         let n = store.touch(agent_id, now)?;
-        self.index
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .touch(agent_id, now);
+        if let Some(mut idx) = self.local_index() {
+            idx.touch(agent_id, now);
+        }
         Ok(n)
     }
 
@@ -149,20 +171,18 @@ impl IndexedRegistry {
     pub fn excuse(&self, by: u64, now: u64) -> Result<usize, RegistryError> {
         let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
         let n = store.excuse_all(by, now)?;
-        self.index
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .excuse_all(by, now);
+        if let Some(mut idx) = self.local_index() {
+            idx.excuse_all(by, now);
+        }
         Ok(n)
     }
 
     pub fn remove_stale(&self, now: u64, stale_after: u64) -> Result<usize, RegistryError> {
         let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
         let n = store.remove_stale(now, stale_after)?;
-        self.index
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove_stale(now, stale_after);
+        if let Some(mut idx) = self.local_index() {
+            idx.remove_stale(now, stale_after);
+        }
         Ok(n)
     }
 
@@ -464,9 +484,5 @@ mod tests {
                 && e.to_string().contains("set database_uri"),
             "{e}"
         );
-        let e = open_store(&DatabaseUri::Etcd("h:2379".into()))
-            .err()
-            .unwrap();
-        assert!(e.to_string().contains("etcd://h:2379"), "{e}");
     }
 }
