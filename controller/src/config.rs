@@ -38,9 +38,15 @@ config_table! {
         /// gRPC listen address of ControllerService and OperatorService (":port" means all
         /// interfaces).
         listen_addr: String = ":50051".into(), flag String;
-        /// Registry store: `sqlite:<path>` or `sqlite::memory:` (etcd:// is recognized, to
-        /// say it is not available yet).
+        /// Registry store: `sqlite:<path>`, `sqlite::memory:`, or `etcd://host:port[,host:port...]`
+        /// shared by controller replicas.
         database_uri: String = "sqlite:rpingmesh-controller.db".into(), flag String;
+        /// With etcd: the address other replicas reach this one at (forwarded reports); empty =
+        /// the bound listen address.
+        advertise_addr: String = String::new(), flag String;
+        /// With etcd: TTL of the lease behind this replica's analysis leadership; a dead
+        /// leader is replaced within it.
+        leader_lease_ttl_sec: u64 = 10, flag u64;
         /// RNICs not heard from for this long are left out of pinglists.
         active_threshold_sec: u64 = 300, flag u64;
         /// RNICs not heard from for this long are removed (>= active_threshold_sec).
@@ -206,6 +212,12 @@ impl ControllerConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.listen_socket_addr()?;
         self.database()?;
+        if !(2..=3600).contains(&self.leader_lease_ttl_sec) {
+            return Err(invalid(
+                "leader_lease_ttl_sec",
+                format!("must be 2..=3600, got {}", self.leader_lease_ttl_sec),
+            ));
+        }
         if self.active_threshold_sec == 0 {
             return Err(invalid("active_threshold_sec", "must be > 0"));
         }

@@ -1,14 +1,16 @@
-//! rpingmesh-controller: RNIC registry (SQLite behind a trait, in-memory index),
+//! rpingmesh-controller: RNIC registry (SQLite or etcd behind a trait, in-memory index),
 //! pinglists with ECMP flow-label coverage, the Phase 1 analyzer and the operator API.
 //!
 //! Pure parts (`ecmp`, `liveness`, `pinglist`, `analyzer`, `service_paths`, `registry::RegistryIndex`)
 //! do no I/O;
-//! `service` and `server` are the thin gRPC layer over them.
+//! `service` and `server` are the thin gRPC layer over them; `leader` elects the replica
+//! that analyzes when several share etcd.
 
 pub mod analyzer;
 pub mod config;
 pub mod ecmp;
 pub mod findings;
+pub mod leader;
 pub mod liveness;
 pub mod localize;
 pub mod pinglist;

@@ -145,6 +145,21 @@ pub async fn start_with_state(
         })
     };
 
+    // Replicas on etcd: campaign for the analysis (see `crate::leader`).
+    if let Some(eps) = state.etcd_endpoints.clone() {
+        let me = match cfg.advertise_addr.trim() {
+            "" => local_addr.to_string(),
+            a => a.to_string(),
+        };
+        tokio::spawn(crate::leader::run_election(
+            eps,
+            me,
+            cfg.leader_lease_ttl_sec,
+            state.leadership.clone(),
+            state.stopping(),
+        ));
+    }
+
     // Findings: localize settled windows, publish, store (see
     // `ControllerState::findings_tick`; the store write blocks, so off the workers).
     let findings = state.analyzer.is_some().then(|| {

@@ -7,17 +7,19 @@
 //! on a broadcast channel (WatchFindings) and writes the changed findings to the store.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
+use rpingmesh_proto::controller_agent::controller_service_client::ControllerServiceClient;
 use rpingmesh_proto::controller_agent::controller_service_server::ControllerService;
 use rpingmesh_proto::controller_agent::{
     AgentRegistrationRequest, AgentRegistrationResponse, HostHealthAck, HostHealthReport,
@@ -35,10 +37,11 @@ use rpingmesh_proto::operator::{
 };
 
 use crate::analyzer::{Analyzer, PathFilter, ViolationKind};
-use crate::config::ControllerConfig;
+use crate::config::{ControllerConfig, DatabaseUri};
 use crate::ecmp;
+use crate::leader::Leadership;
 use crate::liveness::{heartbeat_interval_sec, StallWatch};
-use crate::localize::ComponentKind;
+use crate::localize::{ComponentKind, Localizer};
 use crate::pinglist::{self, PinglistParams};
 use crate::registry::{
     self, AgentRecord, IndexedRegistry, Registry, RegistryError, RegistryIndex, RnicRecord,
@@ -140,6 +143,15 @@ fn check_host_report(r: &HostHealthReport) -> Result<(), Status> {
 /// Everything the services share.
 pub struct ControllerState {
     pub registry: IndexedRegistry,
+    /// Who analyzes (always this controller with SQLite; the elected replica with etcd).
+    pub leadership: Arc<Leadership>,
+    /// The etcd endpoints when the store is shared (the server then campaigns).
+    pub etcd_endpoints: Option<Vec<String>>,
+    /// Whether this replica led at the last findings tick (a new leader first takes the
+    /// stored findings over).
+    led: AtomicBool,
+    /// Channels to the leader, by address, for forwarded path reports.
+    leader_clients: Mutex<HashMap<String, ControllerServiceClient<Channel>>>,
     /// `None` when `analyzer_enabled` is false.
     pub analyzer: Option<Mutex<Analyzer>>,
     /// Every finding change, as [`Self::findings_tick`] makes it (WatchFindings). Sent
@@ -177,7 +189,13 @@ impl ControllerState {
         let db = cfg.database()?;
         let store =
             registry::open_store(&db, cfg.stale_threshold_sec).context("opening the registry")?;
-        Self::with_store(cfg, store, metrics, system_clock())
+        let mut st = Self::with_store(cfg, store, metrics, system_clock())?;
+        if let DatabaseUri::Etcd(ep) = &db {
+            st.etcd_endpoints = Some(registry::etcd_urls(ep));
+            st.leadership = Arc::new(Leadership::follower());
+            st.led = AtomicBool::new(false);
+        }
+        Ok(st)
     }
 
     /// The state over `store`: loads the index, and the findings into the analyzer (open
@@ -231,6 +249,10 @@ impl ControllerState {
         }
         Ok(Self {
             registry,
+            leadership: Arc::new(Leadership::solo()),
+            etcd_endpoints: None,
+            led: AtomicBool::new(true),
+            leader_clients: Mutex::new(HashMap::new()),
             analyzer,
             findings_tx: broadcast::channel(FINDINGS_CHANNEL_CAPACITY).0,
             findings_unsaved: Mutex::new(BTreeMap::new()),
@@ -384,8 +406,70 @@ impl ControllerState {
     /// calls it every second, off the async workers (the store write blocks). Returns the
     /// changes.
     pub fn findings_tick(&self) -> Vec<FindingEvent> {
+        if !self.lead_now() {
+            return Vec::new();
+        }
         let now = self.now_ns();
         self.step_findings(|a, idx| a.tick(now, idx))
+    }
+
+    /// Whether this replica analyzes now. At the first tick after it was elected, it takes
+    /// over the stored findings (the previous leader's), so they continue with their ids
+    /// and none is opened twice.
+    fn lead_now(&self) -> bool {
+        let leads = self.leadership.is_leader();
+        let led = self.led.swap(leads, Ordering::SeqCst);
+        if leads && !led {
+            match self.registry.load_findings() {
+                Ok(f) => {
+                    let open = f.iter().filter(|f| f.open).count();
+                    if let Some(mut a) = self.analyzer() {
+                        a.localizer_mut().reset_to(f);
+                    }
+                    tracing::info!(
+                        open,
+                        "analysis taken over; the stored findings continue here"
+                    );
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot load the findings to take over analysis; retrying");
+                    self.led.store(false, Ordering::SeqCst);
+                    return false;
+                }
+            }
+        }
+        leads
+    }
+
+    /// Sends agents' path reports to the leader when another replica leads. None: this
+    /// replica takes them (it leads, no leader is known, or the leader cannot be reached).
+    pub async fn forward_to_leader(&self, req: &ProbeAnalysisReport) -> Option<ProbeAnalysisAck> {
+        let addr = self.leadership.forward_to()?;
+        let client = {
+            let mut m = self
+                .leader_clients
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            match m.get(&addr) {
+                Some(c) => c.clone(),
+                None => {
+                    let ep = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+                        .ok()?
+                        .connect_timeout(Duration::from_secs(2))
+                        .timeout(Duration::from_secs(5));
+                    let c = ControllerServiceClient::new(ep.connect_lazy());
+                    m.insert(addr.clone(), c.clone());
+                    c
+                }
+            }
+        };
+        match client.clone().report_probe_analysis(req.clone()).await {
+            Ok(r) => Some(r.into_inner()),
+            Err(e) => {
+                tracing::warn!(leader = %addr, error = %e, "forwarding a path report to the analysis leader failed; kept here");
+                None
+            }
+        }
     }
 
     /// One step of the findings with `step` (the tick; tests and tools drive the
@@ -475,6 +559,15 @@ impl ControllerState {
     /// Unknown kinds are refused with the known ones named.
     pub fn findings(&self, resolved_limit: usize, kind: &str) -> Result<Vec<Finding>, Status> {
         check_finding_kind(kind)?;
+        if !self.leadership.is_leader() {
+            // A follower's analyzer is idle: the leader's findings are in the store.
+            if let Some(a) = self.analyzer() {
+                let mut l = Localizer::new(*a.localizer().params(), None);
+                drop(a);
+                l.restore(self.registry.load_findings().map_err(store_err)?);
+                return Ok(l.list(resolved_limit, kind));
+            }
+        }
         Ok(self
             .analyzer()
             .map(|a| a.localizer().list(resolved_limit, kind))
@@ -500,6 +593,11 @@ impl ControllerState {
 
     /// Ends every WatchFindings stream (UNAVAILABLE) and refuses new ones: the server is
     /// shutting down.
+    /// Turns true when the server stops.
+    pub fn stopping(&self) -> watch::Receiver<bool> {
+        self.stopping.subscribe()
+    }
+
     pub fn stop_watches(&self) {
         self.stopping.send_replace(true);
     }
@@ -1022,6 +1120,9 @@ impl ControllerService for ControllerSvc {
         let req = request.into_inner();
         let st = &self.0;
         st.note_alive(&req.agent_id);
+        if let Some(ack) = st.forward_to_leader(&req).await {
+            return Ok(Response::new(ack));
+        }
         let Some(analyzer) = &st.analyzer else {
             return Ok(Response::new(ProbeAnalysisAck {
                 accepted: false,

@@ -259,3 +259,212 @@ async fn etcd_restarted_under_registrations_loses_none() {
         "no replica noticed the restart"
     );
 }
+
+const LEADER_TTL_SEC: u64 = 3;
+/// The fake hosts of the leader test: one RNIC each on one ToR; the last one breaks.
+const HOSTS: usize = 4;
+
+fn host_ip(i: usize) -> Ipv4Addr {
+    Ipv4Addr::new(10, 8, 0, i as u8 + 1)
+}
+
+/// One second's window of every path from host `src`: the paths to or from the broken
+/// host lose every probe while `broken`.
+fn window_of(
+    src: usize,
+    start_ns: u64,
+    broken: bool,
+) -> Vec<rpingmesh_proto::controller_agent::PathSummary> {
+    (0..HOSTS)
+        .filter(|&d| d != src)
+        .map(|d| {
+            let lost = broken && (src == HOSTS - 1 || d == HOSTS - 1);
+            rpingmesh_proto::controller_agent::PathSummary {
+                source_gid: gid_of(host_ip(src)),
+                source_tor_id: "tor-x".into(),
+                target_gid: gid_of(host_ip(d)),
+                target_tor_id: "tor-x".into(),
+                target_qpn: 1,
+                window_start_unix_ns: start_ns,
+                window_duration_ms: 1000,
+                probe_total: 20,
+                probe_success: if lost { 0 } else { 20 },
+                probe_failed: if lost { 20 } else { 0 },
+                network_rtt_p50_ns: if lost { 0 } else { 10_000 },
+                network_rtt_p99_ns: if lost { 0 } else { 20_000 },
+                pinglist_type: PinglistType::TorMesh as i32,
+                ..Default::default()
+            }
+        })
+        .collect()
+}
+
+async fn rnic_findings(c: &Controller) -> Vec<rpingmesh_proto::operator::Finding> {
+    let Ok(mut op) = operator(&c.endpoint()).await else {
+        return Vec::new();
+    };
+    op.list_findings(rpingmesh_proto::operator::ListFindingsRequest {
+        resolved_limit: 0,
+        kind: "rnic".into(),
+    })
+    .await
+    .map(|r| r.into_inner().findings)
+    .unwrap_or_default()
+}
+
+/// Two replicas analyze as one: the first one elected leads, path reports sent to the
+/// other are forwarded to it, and when the leader dies the other takes over within one
+/// lease TTL with the stored findings: the open finding goes on under its id, is not
+/// opened a second time, and resolves there when the fault ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_dies_and_the_other_replica_continues_its_findings() {
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = Etcd::start(dir.path(), "etcd").unwrap();
+    let args: Vec<String> = [
+        "--database-uri".to_string(),
+        etcd.uri(),
+        "--metrics-enabled".into(),
+        "false".into(),
+        "--active-threshold-sec".into(),
+        "300".into(),
+        "--stale-threshold-sec".into(),
+        "600".into(),
+        "--analyzer-localize-settle-sec".into(),
+        "1".into(),
+        "--leader-lease-ttl-sec".into(),
+        LEADER_TTL_SEC.to_string(),
+    ]
+    .to_vec();
+    let ar: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut a = spawn_controller(dir.path(), "ctl-a", None, "127.0.0.1:0", &ar).unwrap();
+    let led = wait_for(Duration::from_secs(20), Duration::from_millis(100), || {
+        let a = &a;
+        async move {
+            a.proc
+                .stderr()
+                .contains("now the analysis leader")
+                .then_some(())
+        }
+    })
+    .await;
+    assert!(led.is_some(), "A never led:\n{}", a.proc.stderr());
+    let b = spawn_controller(dir.path(), "ctl-b", None, "127.0.0.1:0", &ar).unwrap();
+
+    // The hosts register through B and report to B only.
+    let mut cb = controller_client(&b.endpoint()).await.unwrap();
+    for i in 0..HOSTS {
+        let ip = host_ip(i);
+        cb.register_agent(AgentRegistrationRequest {
+            agent_id: format!("lh{i}"),
+            agent_ip: ip.to_string(),
+            hostname: format!("lh{i}"),
+            tor_id: "tor-x".into(),
+            rnics: vec![RnicInfo {
+                gid: gid_of(ip),
+                qpn: 1,
+                ip_address: ip.to_string(),
+                host_name: format!("lh{i}"),
+                tor_id: String::new(),
+                device_name: "mlx5_0".into(),
+            }],
+            agent_version: "test".into(),
+        })
+        .await
+        .unwrap();
+    }
+    let broken = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let reporter = {
+        let (broken, endpoint) = (broken.clone(), b.endpoint());
+        tokio::spawn(async move {
+            let mut c = controller_client(&endpoint).await.unwrap();
+            loop {
+                let now = unix_ns_now();
+                let start = (now / 1_000_000_000 - 1) * 1_000_000_000;
+                let bad = broken.load(std::sync::atomic::Ordering::SeqCst);
+                for src in 0..HOSTS {
+                    let _ = c
+                        .report_probe_analysis(
+                            rpingmesh_proto::controller_agent::ProbeAnalysisReport {
+                                agent_id: format!("lh{src}"),
+                                summaries: window_of(src, start, bad),
+                            },
+                        )
+                        .await;
+                }
+                let next = (now / 1_000_000_000 + 1) * 1_000_000_000 + 50_000_000;
+                tokio::time::sleep(Duration::from_nanos(next - unix_ns_now().min(next))).await;
+            }
+        })
+    };
+    let location = format!("lh{}/mlx5_0", HOSTS - 1);
+
+    // 1. A (the leader) opens the finding from reports B forwarded.
+    let opened = wait_for(Duration::from_secs(30), Duration::from_millis(200), || {
+        let (a, location) = (&a, &location);
+        async move {
+            rnic_findings(a)
+                .await
+                .into_iter()
+                .find(|f| f.open && f.location == *location)
+        }
+    })
+    .await
+    .unwrap_or_else(|| panic!("A opened no finding:\n{}", a.proc.stderr()));
+    assert!(!b.proc.stderr().contains("now the analysis leader"));
+    // B answers finding queries from the store.
+    let at_b = rnic_findings(&b).await;
+    assert!(at_b.iter().any(|f| f.id == opened.id && f.open), "{at_b:?}");
+
+    // 2. A dies: B leads within one lease TTL and takes the finding over.
+    a.proc.signal(libc::SIGKILL);
+    let killed = Instant::now();
+    let took_over = wait_for(Duration::from_secs(20), Duration::from_millis(100), || {
+        let b = &b;
+        async move {
+            b.proc
+                .stderr()
+                .contains("now the analysis leader")
+                .then_some(())
+        }
+    })
+    .await;
+    let after = killed.elapsed().as_secs_f64();
+    assert!(took_over.is_some(), "B never led:\n{}", b.proc.stderr());
+    assert!(
+        after <= LEADER_TTL_SEC as f64 + 1.5,
+        "B led {after:.1} s after A died (lease TTL {LEADER_TTL_SEC} s)"
+    );
+    eprintln!("etcd: B led {after:.1} s after the leader died");
+    // Three more broken windows analyzed at B: still that one finding, open.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mine: Vec<_> = rnic_findings(&b)
+        .await
+        .into_iter()
+        .filter(|f| f.location == location)
+        .collect();
+    assert_eq!(mine.len(), 1, "{mine:?}");
+    assert!(mine[0].id == opened.id && mine[0].open, "{mine:?}");
+    assert!(
+        mine[0].last_seen_unix_ns > opened.last_seen_unix_ns,
+        "not updated at B: {mine:?}"
+    );
+
+    // 3. The fault ends: B resolves the same finding.
+    broken.store(false, std::sync::atomic::Ordering::SeqCst);
+    let resolved = wait_for(Duration::from_secs(20), Duration::from_millis(200), || {
+        let (b, location) = (&b, &location);
+        async move {
+            let mine: Vec<_> = rnic_findings(b)
+                .await
+                .into_iter()
+                .filter(|f| f.location == *location)
+                .collect();
+            (mine.len() == 1 && !mine[0].open).then_some(mine[0].clone())
+        }
+    })
+    .await;
+    let last = rnic_findings(&b).await;
+    let resolved = resolved.unwrap_or_else(|| panic!("B did not resolve it: {last:?}"));
+    assert_eq!(resolved.id, opened.id);
+    reporter.abort();
+}

@@ -190,6 +190,14 @@ impl Localizer {
 
     /// Findings from the store after a restart: open ones continue (a blaming window
     /// keeps them, M clean windows resolve them), ids continue after the largest.
+    /// Starts over from `findings`: a replica taking over analysis continues the previous
+    /// leader's stored findings (same ids, no second finding for a component).
+    pub fn reset_to(&mut self, findings: Vec<Finding>) {
+        let fresh = Localizer::new(self.params, self.topology.take());
+        *self = fresh;
+        self.restore(findings);
+    }
+
     pub fn restore(&mut self, findings: Vec<Finding>) {
         let mut resolved = Vec::new();
         for f in findings {

@@ -145,6 +145,22 @@ impl AgentDoc {
     }
 }
 
+/// `host:port[,host:port...]` as client URLs (`http://` unless a scheme is given).
+pub fn etcd_urls(endpoints: &str) -> Vec<String> {
+    endpoints
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            if s.contains("://") {
+                s.to_string()
+            } else {
+                format!("http://{s}")
+            }
+        })
+        .collect()
+}
+
 fn agent_key(agent_id: &str) -> String {
     format!("{AGENTS}{agent_id}")
 }
@@ -214,18 +230,7 @@ impl EtcdRegistry {
     /// Connects to `endpoints` (`host:port[,host:port...]`); agent entries live
     /// `lease_ttl_sec` after their last registration or heartbeat.
     pub fn connect(endpoints: &str, lease_ttl_sec: u64) -> Result<Self, RegistryError> {
-        let eps: Vec<String> = endpoints
-            .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(|s| {
-                if s.contains("://") {
-                    s.to_string()
-                } else {
-                    format!("http://{s}")
-                }
-            })
-            .collect();
+        let eps = etcd_urls(endpoints);
         if eps.is_empty() {
             return Err(RegistryError::Other(
                 "database_uri etcd://: no endpoint given".into(),

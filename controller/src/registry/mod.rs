@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 
 use rpingmesh_proto::operator::{Finding, HostHealth};
 
-pub use etcd::{EtcdRegistry, ELECTION as ETCD_ELECTION};
+pub use etcd::{etcd_urls, EtcdRegistry, ELECTION as ETCD_ELECTION};
 pub use index::RegistryIndex;
 pub use sqlite::SqliteRegistry;
 
