@@ -128,16 +128,16 @@ config_table! {
         /// Disabled, tls, mtls.
         #[arg(value_parser = ["disabled", "tls", "mtls"])]
         tls_mode: TlsMode = TlsMode::Disabled, flag String;
-        /// Disabled, tls, mtls.
+        /// Client certificate (PEM), for mtls.
         #[serde(deserialize_with = "lenient_string")]
         tls_cert_file: String = String::new(), flag String;
-        /// Disabled, tls, mtls.
+        /// Client private key (PEM), for mtls.
         #[serde(deserialize_with = "lenient_string")]
         tls_key_file: String = String::new(), flag String;
-        /// Disabled, tls, mtls.
+        /// CA certificate (PEM) the controller's certificate must chain to (tls, mtls).
         #[serde(deserialize_with = "lenient_string")]
         tls_ca_file: String = String::new(), flag String;
-        /// Disabled, tls, mtls.
+        /// Name to check the controller's certificate against (default: the address's host).
         #[serde(deserialize_with = "lenient_string")]
         tls_server_name: String = String::new(), flag String;
         /// `udp` (kernel-timestamped UDP) or `rdma` (UD QPs on RoCE NICs; needs a build with `--features rdma`; on a host without RDMA the agent exits with one line: `no RDMA devices: ...; use transport: udp`).

@@ -145,6 +145,16 @@ pub async fn start_with_state(
         })
     };
 
+    // Replicas on etcd: every replica's service flows into this one's table.
+    if let Some(mut rx) = state.registry.shared_service_flows() {
+        let state = state.clone();
+        tokio::spawn(async move {
+            while let Some(r) = rx.recv().await {
+                state.apply_shared_service_flows(r);
+            }
+        });
+    }
+
     // Replicas on etcd: campaign for the analysis (see `crate::leader`).
     if let Some(eps) = state.etcd_endpoints.clone() {
         let me = match cfg.advertise_addr.trim() {

@@ -24,7 +24,7 @@ use rpingmesh_proto::controller_agent::controller_service_server::ControllerServ
 use rpingmesh_proto::controller_agent::{
     AgentRegistrationRequest, AgentRegistrationResponse, HostHealthAck, HostHealthReport,
     PathSummary, PinglistRequest, PinglistResponse, PinglistType, ProbeAnalysisAck,
-    ProbeAnalysisReport, RnicInfo, ServiceFlowAck, ServiceFlowReport,
+    ProbeAnalysisReport, RnicInfo, ServiceFlow, ServiceFlowAck, ServiceFlowReport,
 };
 use rpingmesh_proto::gid::normalize_gid;
 use rpingmesh_proto::operator::operator_service_server::OperatorService;
@@ -678,6 +678,50 @@ impl ControllerState {
         self.service_paths.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Writes the agent's whole flow set to the shared store, for the other replicas. A
+    /// failure is logged: the flows still apply here, and the next report writes again.
+    fn share_service_flows(&self, agent_id: &str, now_ns: u64) {
+        let flows = self.service_table().agent_flows(agent_id, now_ns);
+        let report = ServiceFlowReport {
+            agent_id: agent_id.to_string(),
+            full_sync: true,
+            upserts: flows
+                .into_iter()
+                .map(|f| ServiceFlow {
+                    local_gid: f.local_gid,
+                    local_qpn: f.local_qpn,
+                    remote_gid: f.remote_gid,
+                    remote_qpn: f.remote_qpn,
+                    flow_label: f.flow_label,
+                    traffic_class: f.traffic_class,
+                    service_level: f.service_level,
+                    pid: f.pid,
+                    comm: f.comm,
+                    cgroup_id: f.cgroup_id,
+                    first_seen_unix_ns: f.first_seen_unix_ns,
+                    last_seen_unix_ns: f.last_seen_unix_ns,
+                    service: f.service,
+                })
+                .collect(),
+            removals: Vec::new(),
+        };
+        if let Err(e) = self.registry.save_service_flows(&report) {
+            tracing::warn!(agent_id, error = %e, "sharing service flows with the other replicas failed");
+        }
+    }
+
+    /// Takes an agent's flow set another replica (or this one) shared through the store.
+    pub fn apply_shared_service_flows(&self, report: ServiceFlowReport) {
+        let now = self.now_ns();
+        let idx = self.registry.index();
+        let agent_id = report.agent_id.clone();
+        if idx.agent(&agent_id).is_none() {
+            return;
+        }
+        self.service_table()
+            .apply(&agent_id, idx.agent_gids(&agent_id), report, now);
+    }
+
     /// Drops the service flows of agents silent past `service_flow_ttl_sec`.
     pub fn expire_service_flows(&self) -> usize {
         let now = self.now_ns();
@@ -905,6 +949,9 @@ impl ControllerService for ControllerSvc {
                 .apply(&agent_id, idx.agent_gids(&agent_id), req, now)
         };
         st.note_alive(&agent_id);
+        if st.registry.is_shared() {
+            st.share_service_flows(&agent_id, now);
+        }
         if out.dropped_bad_gid > 0 {
             tracing::warn!(
                 agent_id = %agent_id,

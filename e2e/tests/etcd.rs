@@ -468,3 +468,89 @@ async fn the_leader_dies_and_the_other_replica_continues_its_findings() {
     assert_eq!(resolved.id, opened.id);
     reporter.abort();
 }
+
+/// Service flows reported to one replica reach the other through etcd: its service-path
+/// view lists them and its SERVICE pinglist for the agent holds the remote end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn service_flows_reported_to_one_replica_are_served_by_the_other() {
+    use rpingmesh_proto::controller_agent::{ServiceFlow, ServiceFlowReport};
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = Etcd::start(dir.path(), "etcd").unwrap();
+    let a = replica(dir.path(), "ctl-a", &etcd);
+    let b = replica(dir.path(), "ctl-b", &etcd);
+    let mut ca = controller_client(&a.endpoint()).await.unwrap();
+    let (src, dst) = (Ipv4Addr::new(10, 7, 0, 1), Ipv4Addr::new(10, 7, 1, 1));
+    for (id, ip, tor) in [("svc-src", src, "tor-s"), ("svc-dst", dst, "tor-d")] {
+        ca.register_agent(AgentRegistrationRequest {
+            agent_id: id.into(),
+            agent_ip: ip.to_string(),
+            hostname: id.into(),
+            tor_id: tor.into(),
+            rnics: vec![RnicInfo {
+                gid: gid_of(ip),
+                qpn: 7,
+                ip_address: ip.to_string(),
+                host_name: id.into(),
+                tor_id: String::new(),
+                device_name: "mlx5_0".into(),
+            }],
+            agent_version: "test".into(),
+        })
+        .await
+        .unwrap();
+    }
+    let now = unix_ns_now();
+    ca.report_service_flows(ServiceFlowReport {
+        agent_id: "svc-src".into(),
+        full_sync: true,
+        upserts: vec![ServiceFlow {
+            local_gid: gid_of(src),
+            local_qpn: 100,
+            remote_gid: gid_of(dst),
+            remote_qpn: 200,
+            comm: "trainer".into(),
+            service: "allreduce".into(),
+            first_seen_unix_ns: now,
+            last_seen_unix_ns: now,
+            ..Default::default()
+        }],
+        removals: vec![],
+    })
+    .await
+    .unwrap();
+    let at_b = wait_for(Duration::from_secs(10), Duration::from_millis(100), || {
+        let b = &b;
+        async move {
+            let mut op = operator(&b.endpoint()).await.ok()?;
+            let paths = op
+                .list_service_paths(rpingmesh_proto::operator::ListServicePathsRequest::default())
+                .await
+                .ok()?
+                .into_inner()
+                .paths;
+            paths
+                .iter()
+                .any(|p| p.source_agent_id == "svc-src" && p.monitored && p.service == "allreduce")
+                .then_some(())
+        }
+    })
+    .await;
+    assert!(
+        at_b.is_some(),
+        "B never listed the service path:\n{}",
+        b.proc.stderr()
+    );
+    let mut cb = controller_client(&b.endpoint()).await.unwrap();
+    let list = cb
+        .get_pinglist(PinglistRequest {
+            agent_id: "svc-src".into(),
+            tor_id: "tor-s".into(),
+            requester_gid: gid_of(src),
+            r#type: PinglistType::Service as i32,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let targets: Vec<&str> = list.targets.iter().map(|t| t.target_gid.as_str()).collect();
+    assert_eq!(targets, vec![gid_of(dst).as_str()]);
+}

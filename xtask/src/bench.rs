@@ -160,6 +160,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let mut sections = Vec::new();
     for bin in [
         "controller-bench",
+        "etcd-bench",
         "agent-bench",
         "tracer-bench",
         "verbs-bench",
@@ -169,6 +170,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         // The benches repeat internally and print medians: one invocation each.
         let args: &[&str] = match (bin, a.quick) {
             ("controller-bench", true) => &["--quick"],
+            ("etcd-bench", true) => &["--quick"],
             ("agent-bench", true) => &["--runs", "1", "--seconds-per-run", "2"],
             ("tracer-bench", true) => &["--runs", "1", "--seconds-per-run", "1"],
             ("verbs-bench", true) => &["--runs", "1"],
@@ -232,6 +234,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
 fn section_intro(bin: &str) -> &'static str {
     match bin {
             "controller-bench" => "Controller: GetPinglist latency with 10,000 / 100,000 RNICs (target p99 < 2 ms at 100,000); the web page's JSON endpoints at 100,000 RNICs and 200,000 paths (HTTP/1.1, a connection per request) next to GetPinglist on the same server; registration throughput, PathSummary ingest (target 200,000/s on one core); analyzer_localize: one 30 s window of a 100,000-RNIC fabric (1.2 million summaries, a dead RNIC and a dead link among them) ingested and localized on one core, as a share of the window (the target: keeping up, < 1)",
+            "etcd-bench" => "The controller on etcd (Debian's etcd-server on loopback, one member) next to SQLite (a file): \
+                GetPinglist p50/p99 with 100,000 RNICs (25,000 hosts of 4 RNICs, 10 RNICs per ToR), each store's server against ListViolations(limit=0) on itself; \
+                registry_fill: hosts registered per second through the registry API, sequential (etcd: a lease grant or keepalive, a transaction, and the wait for the replica's own watch to apply it); \
+                register_agent: sequential RegisterAgent RPCs per second; \
+                replica_convergence: a second replica started on the filled etcd until its index holds every RNIC, next to the controller restarted on its SQLite file",
             "agent-bench" => "Agent over udp: probe round trips per second on one core vs a minimal timestamped UDP ping-pong in the same run (target ratio >= 0.7); a Prometheus /metrics scrape (collection + OpenMetrics encoding) of an agent with 64 targets in 64 ToRs, against one without targets",
             "tracer-bench" => "Service tracer: QP events per second from ring-buffer records to the flow table on one core (target > 1,000,000/s) vs copying the same bytes; per-call cost of the libibverbs uprobe vs the untraced call, same run. \
                 The untraced function is an empty stand-in (about 2 ns), so the ratio is large; what matters is the absolute cost per traced call \
@@ -853,8 +860,12 @@ pub fn target_checks(lines: &[Line]) -> Vec<Check> {
             "get_pinglist" => {
                 if let (Some(n), Some(p99)) = (num(l, "rnics"), num(l, "p99_ns")) {
                     if n >= 100_000.0 {
+                        let store = match text(l, "store") {
+                            s if s.is_empty() => String::new(),
+                            s => format!(", {s}"),
+                        };
                         let what = format!(
-                            "GetPinglist p99, {n:.0} RNICs, {}",
+                            "GetPinglist p99, {n:.0} RNICs, {}{store}",
                             text(l, "pinglist_type")
                         );
                         out.push((

@@ -3,6 +3,7 @@
 mod bench;
 mod build_ebpf;
 mod demo;
+mod package;
 mod procs;
 mod sim;
 mod soak;
@@ -45,6 +46,9 @@ enum Cmd {
     Soak(soak::SoakArgs),
     /// Run a fault scenario on the simulated fabric (release build of rpingmesh-sim).
     Sim(sim::SimArgs),
+    /// Build the .deb packages of the agent and the controller (release, rdma, eBPF
+    /// embedded) into target/debian. Part of `test` too (the package install test).
+    Package(package::PackageArgs),
 }
 
 fn main() -> ExitCode {
@@ -59,6 +63,7 @@ fn main() -> ExitCode {
         Cmd::VmTest => vm::vm_test(),
         Cmd::Soak(a) => soak::run(a),
         Cmd::Sim(a) => sim::run(a),
+        Cmd::Package(a) => package::run(a),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,
@@ -301,6 +306,8 @@ fn test() -> Result<()> {
     // Before the workspace build: service-tracer embeds the object it finds at build time.
     build_ebpf::build_ebpf(&root())?;
     build_for_tests()?;
+    // The package install test (e2e/tests/package.rs) installs these.
+    package::build(None)?;
     let mut t = cargo();
     t.args([
         "test",

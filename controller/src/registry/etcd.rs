@@ -5,7 +5,10 @@
 //!   agent's lease (TTL = `stale_threshold_sec`), so a dead agent's entries expire in etcd
 //!   itself whichever replica it last talked to;
 //! - `findings/<id, 20 digits>`: a finding (protobuf), written by the analysis leader only;
-//! - `hosts/<hostname>`: a host's newest Hostping report (protobuf).
+//! - `hosts/<hostname>`: a host's newest Hostping report (protobuf);
+//! - `service/<agent_id>`: the agent's current service flows as one full-sync
+//!   ServiceFlowReport (protobuf), under the agent's lease; every replica watches them
+//!   into its service-path table.
 //!
 //! The in-memory [`RegistryIndex`] is fed by a watch of `agents/` alone (this replica's
 //! writes and every other replica's arrive the same way); a write returns only after the
@@ -24,6 +27,7 @@ use etcd_client::{
     Client, ConnectOptions, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchOptions,
 };
 use prost::Message;
+use rpingmesh_proto::controller_agent::ServiceFlowReport;
 use rpingmesh_proto::operator::{Finding, HostHealth};
 use serde::{Deserialize, Serialize};
 
@@ -34,6 +38,7 @@ use super::{
 const AGENTS: &str = "/rpingmesh/agents/";
 const FINDINGS: &str = "/rpingmesh/findings/";
 const HOSTS: &str = "/rpingmesh/hosts/";
+const SERVICE: &str = "/rpingmesh/service/";
 /// The election of the replica that runs analysis (see `crate::leader`).
 pub const ELECTION: &str = "/rpingmesh/election/analyzer";
 
@@ -224,6 +229,8 @@ pub struct EtcdRegistry {
     leases: Mutex<HashMap<String, i64>>,
     index: Option<Arc<RwLock<RegistryIndex>>>,
     applied: Arc<Applied>,
+    /// Service-flow sets from the watch, until the controller takes the receiver.
+    service_rx: Option<tokio::sync::mpsc::UnboundedReceiver<ServiceFlowReport>>,
 }
 
 impl EtcdRegistry {
@@ -301,6 +308,7 @@ impl EtcdRegistry {
             leases: Mutex::new(HashMap::new()),
             index: None,
             applied: Arc::new(Applied::default()),
+            service_rx: None,
         })
     }
 
@@ -508,7 +516,88 @@ async fn follow(
     }
 }
 
+/// Follows `service/` from the current state on, handing every agent's flow set to `tx`
+/// (deletes, an expired agent, need nothing: the table's own TTL drops its flows).
+async fn follow_service(mut c: Client, tx: tokio::sync::mpsc::UnboundedSender<ServiceFlowReport>) {
+    let mut failures = 0u32;
+    loop {
+        let from = match c.get(SERVICE, Some(GetOptions::new().with_prefix())).await {
+            Ok(r) => {
+                for kv in r.kvs() {
+                    send_service(&tx, kv.key(), kv.value());
+                }
+                r.header().map(|h| h.revision()).unwrap_or(0) + 1
+            }
+            Err(e) => {
+                failures += 1;
+                if failures == 1 {
+                    tracing::error!(error = %e, "etcd registry: cannot read the service flows; retrying");
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
+        };
+        failures = 0;
+        let opts = WatchOptions::new().with_prefix().with_start_revision(from);
+        let Ok(mut stream) = c.watch(SERVICE, Some(opts)).await else {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            continue;
+        };
+        while let Ok(Some(resp)) = stream.message().await {
+            if resp.canceled() {
+                break;
+            }
+            for ev in resp.events() {
+                if let (EventType::Put, Some(kv)) = (ev.event_type(), ev.kv()) {
+                    send_service(&tx, kv.key(), kv.value());
+                }
+            }
+        }
+        if tx.is_closed() {
+            return;
+        }
+    }
+}
+
+fn send_service(
+    tx: &tokio::sync::mpsc::UnboundedSender<ServiceFlowReport>,
+    key: &[u8],
+    value: &[u8],
+) {
+    match ServiceFlowReport::decode(value) {
+        Ok(r) if r.full_sync && key.ends_with(r.agent_id.as_bytes()) => {
+            let _ = tx.send(r);
+        }
+        Ok(_) => {
+            tracing::warn!(key = %String::from_utf8_lossy(key), "stored service flows skipped: not a full set of that agent")
+        }
+        Err(e) => {
+            tracing::warn!(key = %String::from_utf8_lossy(key), error = %e, "stored service flows skipped")
+        }
+    }
+}
+
 impl Registry for EtcdRegistry {
+    fn save_service_flows(&mut self, report: &ServiceFlowReport) -> Result<(), RegistryError> {
+        let lease = self.lease_for(&report.agent_id)?;
+        let (key, value) = (
+            format!("{SERVICE}{}", report.agent_id),
+            report.encode_to_vec(),
+        );
+        self.call("save service flows", move |mut c| async move {
+            c.put(key, value, Some(PutOptions::new().with_lease(lease)))
+                .await
+                .map_err(etcd_err)?;
+            Ok(())
+        })
+    }
+
+    fn shared_service_flows(
+        &mut self,
+    ) -> Option<tokio::sync::mpsc::UnboundedReceiver<ServiceFlowReport>> {
+        self.service_rx.take()
+    }
+
     fn attach_index(&mut self, index: &Arc<RwLock<RegistryIndex>>) -> Result<bool, RegistryError> {
         let (idx, applied) = (index.clone(), self.applied.clone());
         // First load here, so a controller that cannot read etcd fails at start.
@@ -531,6 +620,12 @@ impl Registry for EtcdRegistry {
         };
         applied.set(rev);
         let job: Job = Box::new(move |c| Box::pin(follow(c, idx, applied, rev + 1)));
+        self.jobs
+            .send(job)
+            .map_err(|_| RegistryError::Other("etcd: the client thread is gone".into()))?;
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        self.service_rx = Some(rx);
+        let job: Job = Box::new(move |c| Box::pin(follow_service(c, tx)));
         self.jobs
             .send(job)
             .map_err(|_| RegistryError::Other("etcd: the client thread is gone".into()))?;

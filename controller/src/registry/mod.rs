@@ -8,6 +8,7 @@ mod sqlite;
 
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 
+use rpingmesh_proto::controller_agent::ServiceFlowReport;
 use rpingmesh_proto::operator::{Finding, HostHealth};
 
 pub use etcd::{etcd_urls, EtcdRegistry, ELECTION as ETCD_ELECTION};
@@ -84,6 +85,18 @@ pub trait Registry: Send {
     fn save_findings(&mut self, findings: &[Finding]) -> Result<(), RegistryError>;
     /// Every stored finding, by id. A row that cannot be read back is logged and skipped.
     fn load_findings(&self) -> Result<Vec<Finding>, RegistryError>;
+    /// A store shared by replicas keeps each agent's current service flows (`report`: the
+    /// full set) for the others; a local store has nothing to share.
+    fn save_service_flows(&mut self, _report: &ServiceFlowReport) -> Result<(), RegistryError> {
+        Ok(())
+    }
+    /// A store shared by replicas hands over every replica's service-flow sets as they are
+    /// saved (full-sync reports); None for a local store.
+    fn shared_service_flows(
+        &mut self,
+    ) -> Option<tokio::sync::mpsc::UnboundedReceiver<ServiceFlowReport>> {
+        None
+    }
     /// Stores a host's newest Hostping report, replacing the one before.
     fn save_host(&mut self, h: &HostHealth) -> Result<(), RegistryError>;
     /// Every host's newest report, by hostname (unreadable rows logged and skipped).
@@ -208,6 +221,29 @@ impl IndexedRegistry {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .load_findings()
+    }
+
+    /// Shares an agent's full service-flow set with the other replicas (shared stores).
+    pub fn save_service_flows(&self, report: &ServiceFlowReport) -> Result<(), RegistryError> {
+        self.store
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .save_service_flows(report)
+    }
+
+    /// The other replicas' service-flow sets as they come (shared stores; taken once).
+    pub fn shared_service_flows(
+        &self,
+    ) -> Option<tokio::sync::mpsc::UnboundedReceiver<ServiceFlowReport>> {
+        self.store
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .shared_service_flows()
+    }
+
+    /// Whether the store is shared by replicas (etcd).
+    pub fn is_shared(&self) -> bool {
+        self.store_feeds_index
     }
 
     /// Persists a host's newest Hostping report.
