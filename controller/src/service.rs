@@ -582,6 +582,19 @@ impl ControllerState {
         kind: &str,
     ) -> Result<(Vec<Finding>, broadcast::Receiver<FindingEvent>), Status> {
         check_finding_kind(kind)?;
+        if !self.leadership.is_leader() {
+            // A follower's findings do not move: only the leader's changes are live.
+            return Err(Status::failed_precondition(
+                match self.leadership.forward_to() {
+                    Some(addr) => {
+                        format!("this replica does not analyze; watch the leader at {addr}")
+                    }
+                    None => {
+                        "this replica does not analyze and no leader is elected yet; retry".into()
+                    }
+                },
+            ));
+        }
         match self.analyzer() {
             Some(a) => {
                 let rx = self.findings_tx.subscribe();

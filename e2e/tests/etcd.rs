@@ -414,6 +414,15 @@ async fn the_leader_dies_and_the_other_replica_continues_its_findings() {
     // B answers finding queries from the store.
     let at_b = rnic_findings(&b).await;
     assert!(at_b.iter().any(|f| f.id == opened.id && f.open), "{at_b:?}");
+    // and sends watchers to the leader, whose findings are the ones that move.
+    let mut opb = operator(&b.endpoint()).await.unwrap();
+    let e = opb
+        .watch_findings(rpingmesh_proto::operator::WatchFindingsRequest::default())
+        .await
+        .err()
+        .expect("a follower refuses WatchFindings");
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e}");
+    assert!(e.message().contains(&a.addr.to_string()), "{e}");
 
     // 2. A dies: B leads within one lease TTL and takes the finding over.
     a.proc.signal(libc::SIGKILL);

@@ -45,6 +45,8 @@ pub const ELECTION: &str = "/rpingmesh/election/analyzer";
 /// How long a registry call waits for etcd before it fails (the gRPC call then fails
 /// with it; the agent retries).
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long reading a whole prefix (page by page) may take.
+pub const LOAD_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long the first load may wait for etcd at start.
 pub const CONNECT_WAIT: Duration = Duration::from_secs(15);
 
@@ -324,6 +326,16 @@ impl EtcdRegistry {
         F: FnOnce(Client) -> Fut + Send + 'static,
         Fut: std::future::Future<Output = Result<T, RegistryError>> + Send + 'static,
     {
+        self.call_within(what, CALL_TIMEOUT + Duration::from_secs(1), f)
+    }
+
+    /// As [`Self::call`], for work of many requests (a whole prefix, page by page).
+    fn call_within<T, F, Fut>(&self, what: &str, bound: Duration, f: F) -> Result<T, RegistryError>
+    where
+        T: Send + 'static,
+        F: FnOnce(Client) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Result<T, RegistryError>> + Send + 'static,
+    {
         let (tx, rx) = mpsc::sync_channel(1);
         let job: Job = Box::new(move |c| {
             Box::pin(async move {
@@ -333,13 +345,12 @@ impl EtcdRegistry {
         self.jobs
             .send(job)
             .map_err(|_| RegistryError::Other("etcd: the client thread is gone".into()))?;
-        rx.recv_timeout(CALL_TIMEOUT + Duration::from_secs(1))
-            .map_err(|_| {
-                RegistryError::Other(format!(
-                    "etcd {}: {what} timed out after {CALL_TIMEOUT:?}",
-                    self.endpoints
-                ))
-            })?
+        rx.recv_timeout(bound).map_err(|_| {
+            RegistryError::Other(format!(
+                "etcd {}: {what} timed out after {bound:?}",
+                self.endpoints
+            ))
+        })?
     }
 
     fn index(&self) -> Result<&Arc<RwLock<RegistryIndex>>, RegistryError> {
@@ -387,30 +398,52 @@ impl EtcdRegistry {
     }
 
     fn get_prefix(&self, prefix: &'static str) -> Result<Vec<KeyValue>, RegistryError> {
-        self.call("get", move |mut c| async move {
-            let r = c
-                .get(prefix, Some(GetOptions::new().with_prefix()))
-                .await
-                .map_err(etcd_err)?;
-            Ok(r.kvs()
-                .iter()
-                .map(|kv| (kv.key().to_vec(), kv.value().to_vec()))
-                .collect())
+        self.call_within("get", LOAD_TIMEOUT, move |mut c| async move {
+            Ok(get_all(&mut c, prefix).await?.1)
         })
+    }
+}
+
+/// Keys read per request: a whole prefix in one answer passes gRPC's 4 MiB message limit
+/// at about 20,000 agents.
+const PAGE: i64 = 1000;
+
+/// Every key under `prefix` at one revision, read in pages; (revision, keys and values).
+async fn get_all(c: &mut Client, prefix: &str) -> Result<(i64, Vec<KeyValue>), RegistryError> {
+    let mut end = prefix.as_bytes().to_vec();
+    *end.last_mut().expect("non-empty prefix") += 1;
+    let mut from = prefix.as_bytes().to_vec();
+    let mut rev = 0;
+    let mut out = Vec::new();
+    loop {
+        let mut opts = GetOptions::new().with_range(end.clone()).with_limit(PAGE);
+        if rev > 0 {
+            opts = opts.with_revision(rev);
+        }
+        let r = c.get(from.clone(), Some(opts)).await.map_err(etcd_err)?;
+        if rev == 0 {
+            rev = r.header().map(|h| h.revision()).unwrap_or(0);
+        }
+        for kv in r.kvs() {
+            out.push((kv.key().to_vec(), kv.value().to_vec()));
+        }
+        match r.kvs().last() {
+            Some(last) if r.more() => {
+                from = last.key().to_vec();
+                from.push(0);
+            }
+            _ => return Ok((rev, out)),
+        }
     }
 }
 
 /// Loads `agents/` into `index` and returns the revision it is current at.
 async fn load_agents(c: &mut Client, index: &RwLock<RegistryIndex>) -> Result<i64, RegistryError> {
-    let r = c
-        .get(AGENTS, Some(GetOptions::new().with_prefix()))
-        .await
-        .map_err(etcd_err)?;
-    let rev = r.header().map(|h| h.revision()).unwrap_or(0);
+    let (rev, kvs) = get_all(c, AGENTS).await?;
     let mut agents = Vec::new();
     let mut rnics = Vec::new();
-    for kv in r.kvs() {
-        match AgentDoc::decode(kv.key(), kv.value()) {
+    for (k, v) in &kvs {
+        match AgentDoc::decode(k, v) {
             Ok(d) => {
                 let (a, rs) = d.records();
                 agents.push(a);
@@ -521,12 +554,12 @@ async fn follow(
 async fn follow_service(mut c: Client, tx: tokio::sync::mpsc::UnboundedSender<ServiceFlowReport>) {
     let mut failures = 0u32;
     loop {
-        let from = match c.get(SERVICE, Some(GetOptions::new().with_prefix())).await {
-            Ok(r) => {
-                for kv in r.kvs() {
-                    send_service(&tx, kv.key(), kv.value());
+        let from = match get_all(&mut c, SERVICE).await {
+            Ok((rev, kvs)) => {
+                for (k, v) in &kvs {
+                    send_service(&tx, k, v);
                 }
-                r.header().map(|h| h.revision()).unwrap_or(0) + 1
+                rev + 1
             }
             Err(e) => {
                 failures += 1;
