@@ -419,8 +419,7 @@ async fn the_leader_dies_and_the_other_replica_continues_its_findings() {
     let e = opb
         .watch_findings(rpingmesh_proto::operator::WatchFindingsRequest::default())
         .await
-        .err()
-        .expect("a follower refuses WatchFindings");
+        .expect_err("a follower refuses WatchFindings");
     assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e}");
     assert!(e.message().contains(&a.addr.to_string()), "{e}");
 
