@@ -397,6 +397,26 @@ impl EtcdRegistry {
         self.applied.wait(rev, CALL_TIMEOUT)
     }
 
+    /// Every protobuf message under `prefix`; one that does not decode is logged (`skipped`)
+    /// and left out.
+    fn load_messages<M: Message + Default>(
+        &self,
+        prefix: &'static str,
+        skipped: &str,
+    ) -> Result<Vec<M>, RegistryError> {
+        Ok(self
+            .get_prefix(prefix)?
+            .iter()
+            .filter_map(|(k, v)| match M::decode(v.as_slice()) {
+                Ok(m) => Some(m),
+                Err(e) => {
+                    tracing::warn!(key = %String::from_utf8_lossy(k), error = %e, "{skipped}");
+                    None
+                }
+            })
+            .collect())
+    }
+
     fn get_prefix(&self, prefix: &'static str) -> Result<Vec<KeyValue>, RegistryError> {
         self.call_within("get", LOAD_TIMEOUT, move |mut c| async move {
             Ok(get_all(&mut c, prefix).await?.1)
@@ -810,17 +830,7 @@ impl Registry for EtcdRegistry {
     }
 
     fn load_findings(&self) -> Result<Vec<Finding>, RegistryError> {
-        Ok(self
-            .get_prefix(FINDINGS)?
-            .iter()
-            .filter_map(|(k, v)| match Finding::decode(v.as_slice()) {
-                Ok(f) => Some(f),
-                Err(e) => {
-                    tracing::warn!(key = %String::from_utf8_lossy(k), error = %e, "stored finding skipped");
-                    None
-                }
-            })
-            .collect())
+        self.load_messages(FINDINGS, "stored finding skipped")
     }
 
     fn save_host(&mut self, h: &HostHealth) -> Result<(), RegistryError> {
@@ -832,16 +842,6 @@ impl Registry for EtcdRegistry {
     }
 
     fn load_hosts(&self) -> Result<Vec<HostHealth>, RegistryError> {
-        Ok(self
-            .get_prefix(HOSTS)?
-            .iter()
-            .filter_map(|(k, v)| match HostHealth::decode(v.as_slice()) {
-                Ok(h) => Some(h),
-                Err(e) => {
-                    tracing::warn!(key = %String::from_utf8_lossy(k), error = %e, "stored host report skipped");
-                    None
-                }
-            })
-            .collect())
+        self.load_messages(HOSTS, "stored host report skipped")
     }
 }
