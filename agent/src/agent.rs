@@ -114,6 +114,8 @@ pub struct RunningAgent {
     /// The probe-rate multiplier every driver follows (Some when self_protection_enabled):
     /// the watchdog writes it.
     pub rate_multiplier: Option<SharedMultiplier>,
+    #[cfg(feature = "rdma")]
+    rc_prober: Option<crate::rc_probe::poller::RcProber>,
 }
 
 /// Starts everything on the current runtime. Returns at once: the controller is contacted
@@ -206,10 +208,15 @@ pub fn start<R: Into<OpenedRnic>>(
     if hostping {
         R2rPlan::from_config(cfg).pace(&mut base_params, endpoints.len());
     }
+    let on_rdma = endpoints
+        .iter()
+        .any(|e| matches!(e.endpoint, Transport::Rdma(_)));
+    let mut ring_lists = Vec::new();
     for (i, (ep, rnic)) in endpoints.into_iter().zip(&rnics).enumerate() {
         let gid = rpingmesh_proto::gid::format_gid(&rnic.gid);
         let tor = cfg.tor_of(&rnic.device_name).to_string();
         let (ptx, prx) = watch::channel(Arc::new(Pinglists::default()));
+        ring_lists.push(prx.clone());
         let mut host_outcomes = None;
         if hostping {
             // The cluster monitor publishes into `ctx`; the merge adds the Host targets.
@@ -250,6 +257,10 @@ pub fn start<R: Into<OpenedRnic>>(
         )));
         tracing::info!(device = %rnic.device_name, gid = %gid, qpn = rnic.qpn, ip = %rnic.ip_address, "rnic ready");
     }
+    #[cfg(feature = "rdma")]
+    let rc_prober = start_rc_prober(cfg, on_rdma, &rnics, ring_lists, sink.clone(), &metrics);
+    #[cfg(not(feature = "rdma"))]
+    let _ = (on_rdma, ring_lists);
     drop(sink);
     tracing::info!(
         agent_id = %cfg.agent_id,
@@ -304,7 +315,63 @@ pub fn start<R: Into<OpenedRnic>>(
         stats,
         registrar,
         rate_multiplier,
+        #[cfg(feature = "rdma")]
+        rc_prober,
     })
+}
+
+/// RC ring probing on the rdma transport (`rc_ring_pinglists` non-empty). A failure to
+/// listen (the port taken) turns it off with one warning: UD probing goes on.
+#[cfg(feature = "rdma")]
+fn start_rc_prober(
+    cfg: &AgentConfig,
+    on_rdma: bool,
+    rnics: &[LocalRnic],
+    lists: Vec<watch::Receiver<Arc<Pinglists>>>,
+    sink: Option<report::ReportSink>,
+    metrics: &Metrics,
+) -> Option<crate::rc_probe::poller::RcProber> {
+    use crate::rc_probe::{poller, RcProbeParams};
+    let params = RcProbeParams::from_config(cfg)?;
+    if !on_rdma {
+        tracing::info!("rc ring probing off: it needs transport: rdma");
+        return None;
+    }
+    let locals = rnics
+        .iter()
+        .filter_map(|r| {
+            Some(poller::LocalRnic {
+                ip: r.ip_address.parse().ok()?,
+                gid: rpingmesh_proto::gid::format_gid(&r.gid),
+                tor: cfg.tor_of(&r.device_name).to_string(),
+            })
+        })
+        .collect::<Vec<_>>();
+    if locals.len() != rnics.len() {
+        tracing::warn!("rc ring probing off: an RNIC has no IP address to listen on");
+        return None;
+    }
+    // A responder-only agent still answers its peers' rings; it opens none itself.
+    let lists = if cfg.responder_only {
+        Vec::new()
+    } else {
+        lists
+    };
+    match poller::RcProber::start(params.clone(), locals, lists, sink, metrics.clone()) {
+        Ok(p) => {
+            tracing::info!(
+                port = params.port,
+                pinglists = ?cfg.rc_ring_pinglists,
+                max_rings = params.max_rings,
+                "rc ring probing on"
+            );
+            Some(p)
+        }
+        Err(e) => {
+            tracing::warn!("rc ring probing off: {e:#}");
+            None
+        }
+    }
 }
 
 fn local_rnic(ep: &Transport) -> LocalRnic {
@@ -413,6 +480,11 @@ impl RunningAgent {
         }
         for d in self.drivers {
             let _ = d.await;
+        }
+        // Its report sink must go before the reporter can finish.
+        #[cfg(feature = "rdma")]
+        if let Some(p) = self.rc_prober {
+            let _ = tokio::task::spawn_blocking(move || p.stop()).await;
         }
         if let Some(r) = self.reporter {
             if tokio::time::timeout(Duration::from_secs(5), r)

@@ -205,6 +205,24 @@ config_table! {
         hostping_loopback_enabled: bool = true, flag bool;
         /// Loopback writes per message size and path.
         hostping_loopback_samples: u32 = 20, flag u32;
+        /// Pinglists whose targets are also probed over polled RC write rings (rdma transport): any of `service`, `tor_mesh`, `inter_tor`; empty = off.
+        #[serde(deserialize_with = "string_list")]
+        #[arg(value_delimiter = ',')]
+        rc_ring_pinglists: Vec<String> = vec!["service".into()], flag Vec<String>;
+        /// RDMA-CM port of every RNIC's ring listener (peers connect their rings here).
+        rc_ring_port: u16 = 18517, flag u16;
+        /// Inbound ring size per peer in bytes: floor(size / 256) slots (depth-one probes need 2).
+        rc_ring_budget_bytes: usize = 4096, flag usize;
+        /// Rings this agent opens to targets, and accepts from peers, at most (each way).
+        rc_ring_max_rings: usize = 64, flag usize;
+        /// Each ring's target is probed this often.
+        rc_ring_probe_interval_ms: u64 = 1000, flag u64;
+        /// A ring probe without an echo after this is lost.
+        rc_ring_probe_timeout_ms: u64 = 500, flag u64;
+        /// The prober polls its ring continuously this long after a probe, then every 100 ms (the CPU budget per probe).
+        rc_ring_hot_wait_us: u64 = 1000, flag u64;
+        /// The responder polls continuously from this long before a probe its peer announced (and as long after, at least 1 ms).
+        rc_ring_poll_lead_us: u64 = 200, flag u64;
     }
 }
 
@@ -399,7 +417,70 @@ impl AgentConfig {
             return Err(err("report_batch_max must be > 0"));
         }
         self.validate_service()?;
-        self.validate_hostping()
+        self.validate_hostping()?;
+        self.validate_rc_ring()
+    }
+
+    /// The pinglist kinds `rc_ring_pinglists` names (validated).
+    pub fn rc_ring_kinds(&self) -> Vec<rpingmesh_protocol::PinglistKind> {
+        use rpingmesh_protocol::PinglistKind;
+        self.rc_ring_pinglists
+            .iter()
+            .filter_map(|k| match k.as_str() {
+                "service" => Some(PinglistKind::Service),
+                "tor_mesh" => Some(PinglistKind::TorMesh),
+                "inter_tor" => Some(PinglistKind::InterTor),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn validate_rc_ring(&self) -> Result<(), ConfigError> {
+        for k in &self.rc_ring_pinglists {
+            if !matches!(k.as_str(), "service" | "tor_mesh" | "inter_tor") {
+                return Err(err(format!(
+                    "rc_ring_pinglists: {k:?} is not a pinglist (service, tor_mesh, inter_tor)"
+                )));
+            }
+        }
+        if self.rc_ring_port == 0 {
+            return Err(err("rc_ring_port must be > 0"));
+        }
+        if !(512..=16 << 20).contains(&self.rc_ring_budget_bytes) {
+            return Err(err(format!(
+                "rc_ring_budget_bytes must be in 512..=16777216 (at least 2 slots of 256 bytes), got {}",
+                self.rc_ring_budget_bytes
+            )));
+        }
+        if !(1..=4096).contains(&self.rc_ring_max_rings) {
+            return Err(err(format!(
+                "rc_ring_max_rings must be in 1..=4096, got {}",
+                self.rc_ring_max_rings
+            )));
+        }
+        if !(10..=3_600_000).contains(&self.rc_ring_probe_interval_ms) {
+            return Err(err(format!(
+                "rc_ring_probe_interval_ms must be in 10..=3600000, got {}",
+                self.rc_ring_probe_interval_ms
+            )));
+        }
+        if self.rc_ring_probe_timeout_ms == 0
+            || self.rc_ring_probe_timeout_ms > self.rc_ring_probe_interval_ms
+        {
+            return Err(err(format!(
+                "rc_ring_probe_timeout_ms must be in 1..=rc_ring_probe_interval_ms ({}), got {}",
+                self.rc_ring_probe_interval_ms, self.rc_ring_probe_timeout_ms
+            )));
+        }
+        for (key, v) in [
+            ("rc_ring_hot_wait_us", self.rc_ring_hot_wait_us),
+            ("rc_ring_poll_lead_us", self.rc_ring_poll_lead_us),
+        ] {
+            if !(1..=1_000_000).contains(&v) {
+                return Err(err(format!("{key} must be in 1..=1000000, got {v}")));
+            }
+        }
+        Ok(())
     }
 
     fn validate_hostping(&self) -> Result<(), ConfigError> {
@@ -1097,6 +1178,40 @@ mod tests {
         .unwrap();
         assert_eq!(c.service_names.len(), 2);
         assert_eq!(c.service_names["z"], "w");
+    }
+
+    #[test]
+    fn rc_ring_keys_default_to_service_targets_and_name_bad_values() {
+        let c = AgentConfig::load_from(&cli(&["--tor-id", "t"]), &[]).unwrap();
+        assert_eq!(
+            c.rc_ring_kinds(),
+            vec![rpingmesh_protocol::PinglistKind::Service]
+        );
+        let c = AgentConfig::load_from(
+            &cli(&["--tor-id", "t", "--rc-ring-pinglists", "tor_mesh,inter_tor"]),
+            &[],
+        )
+        .unwrap();
+        assert_eq!(c.rc_ring_kinds().len(), 2);
+        let off = AgentConfig::load_from(
+            &cli(&["--tor-id", "t"]),
+            &env(&[("RPINGMESH_RC_RING_PINGLISTS", "")]),
+        )
+        .unwrap();
+        assert!(off.rc_ring_kinds().is_empty(), "empty = off");
+        assert!(invalid(|c| c.rc_ring_pinglists = vec!["host".into()])
+            .starts_with("rc_ring_pinglists: \"host\""));
+        assert!(invalid(|c| c.rc_ring_port = 0).starts_with("rc_ring_port"));
+        assert!(invalid(|c| c.rc_ring_budget_bytes = 511).starts_with("rc_ring_budget_bytes"));
+        assert!(invalid(|c| c.rc_ring_max_rings = 0).starts_with("rc_ring_max_rings"));
+        assert!(
+            invalid(|c| c.rc_ring_probe_interval_ms = 5).starts_with("rc_ring_probe_interval_ms")
+        );
+        assert!(
+            invalid(|c| c.rc_ring_probe_timeout_ms = 2000).starts_with("rc_ring_probe_timeout_ms")
+        );
+        assert!(invalid(|c| c.rc_ring_hot_wait_us = 0).starts_with("rc_ring_hot_wait_us"));
+        assert!(invalid(|c| c.rc_ring_poll_lead_us = 2_000_000).starts_with("rc_ring_poll_lead_us"));
     }
 
     #[test]

@@ -13,6 +13,7 @@ pub mod config;
 pub mod controller_client;
 pub mod host_monitor;
 pub mod hostping;
+pub mod rc_probe;
 pub mod reopen;
 pub mod report;
 pub mod rnic;

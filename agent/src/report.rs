@@ -70,6 +70,7 @@ pub fn to_proto(
                 network_rtt_max_ns: l.network_rtt_max_ns,
             })
             .collect(),
+        rc_ring: None,
     }
 }
 

@@ -15,6 +15,8 @@ pub struct ProbeTarget {
     pub tor_id: String,
     pub hostname: String,
     pub device_name: String,
+    /// The target RNIC's IP address (where its RC ring listener is), as registered.
+    pub ip: String,
     pub kind: PinglistKind,
     /// Legacy single label, used verbatim when `flow_label_count <= 1`.
     pub flow_label: u32,
@@ -39,6 +41,7 @@ impl ProbeTarget {
             tor_id: t.target_tor_id.clone(),
             hostname: t.target_hostname.clone(),
             device_name: t.target_device_name.clone(),
+            ip: t.target_ip.clone(),
             kind,
             flow_label: t.flow_label,
             flow_label_count: t.flow_label_count,
@@ -76,6 +79,7 @@ impl ProbeTarget {
             tor_id: tor_id.to_string(),
             hostname: String::new(),
             device_name: String::new(),
+            ip: String::new(),
             kind,
             flow_label: 0,
             flow_label_count: 1,

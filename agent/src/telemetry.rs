@@ -153,6 +153,9 @@ pub struct Metrics {
     transport_failures: Counter<u64>,
     event_ring_dropped: Counter<u64>,
     tracer_ringbuf_dropped: Counter<u64>,
+    rc_ring_rtt: Histogram<u64>,
+    rc_ring_total: Counter<u64>,
+    rc_ring_failed: Counter<u64>,
     /// For instruments built elsewhere (the Hostping monitor's gauges).
     meter: Meter,
 }
@@ -222,7 +225,35 @@ impl Metrics {
                     "QP lifecycle events the eBPF tracer dropped because its ring buffer was full",
                 )
                 .build(),
+            rc_ring_rtt: hist(
+                "rpingmesh.rc_ring_rtt_ns",
+                "Network round-trip time of RC ring echo probes (round trip minus the responder's turnaround)",
+            ),
+            rc_ring_total: meter
+                .u64_counter("rpingmesh.rc_ring_probe_total")
+                .with_description("RC ring echo probes sent")
+                .build(),
+            rc_ring_failed: meter
+                .u64_counter("rpingmesh.rc_ring_probe_failed_total")
+                .with_description("RC ring echo probes without an echo in time (reason=lost) or without an exact RTT (reason=late)")
+                .build(),
             meter: meter.clone(),
+        }
+    }
+
+    /// One RC ring probe outcome, by service (empty for ToR lists).
+    pub fn record_rc_ring(&self, service: &str, o: &rpingmesh_rc_ring::echo::Outcome) {
+        use rpingmesh_rc_ring::echo::Outcome;
+        let attrs = [KeyValue::new("service", service.to_string())];
+        self.rc_ring_total.add(1, &attrs);
+        match *o {
+            Outcome::Rtt { network_ns, .. } => self.rc_ring_rtt.record(network_ns, &attrs),
+            Outcome::Late { .. } => self
+                .rc_ring_failed
+                .add(1, &[attrs[0].clone(), KeyValue::new("reason", "late")]),
+            Outcome::Lost { .. } => self
+                .rc_ring_failed
+                .add(1, &[attrs[0].clone(), KeyValue::new("reason", "lost")]),
         }
     }
 

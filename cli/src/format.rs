@@ -138,6 +138,16 @@ pub fn summary_json(s: &PathSummary) -> Value {
         "prober_delay_p99_ns": s.prober_delay_p99_ns,
         "responder_delay_p50_ns": s.responder_delay_p50_ns,
         "responder_delay_p99_ns": s.responder_delay_p99_ns,
+        "rc_ring": s.rc_ring.map(|r| json!({
+            "probe_total": r.probe_total,
+            "probe_lost": r.probe_lost,
+            "probe_late": r.probe_late,
+            "network_rtt_min_ns": r.network_rtt_min_ns,
+            "network_rtt_p50_ns": r.network_rtt_p50_ns,
+            "network_rtt_p99_ns": r.network_rtt_p99_ns,
+            "network_rtt_max_ns": r.network_rtt_max_ns,
+            "responder_delay_p50_ns": r.responder_delay_p50_ns,
+        })),
     })
 }
 

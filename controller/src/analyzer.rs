@@ -256,6 +256,10 @@ impl Analyzer {
         let retention = self.params.window_retention.max(1);
         for s in batch {
             report.ingested += 1;
+            if s.probe_total == 0 && s.rc_ring.is_some() {
+                self.join_rc_ring(s, retention);
+                continue;
+            }
             if s.pinglist_type != SERVICE_TYPE
                 && self
                     .localized_through
@@ -347,12 +351,57 @@ impl Analyzer {
                         now_unix_ns,
                     );
                 }
-                path.windows[i].summary = s;
+                let w = &mut path.windows[i].summary;
+                let mut s = s;
+                // An RC ring record that came first stays joined to the UD window.
+                if s.rc_ring.is_none() {
+                    s.rc_ring = w.rc_ring.take();
+                }
+                *w = s;
             }
         }
         self.findings.expire(now_unix_ns);
         self.summaries_total += report.ingested as u64;
         report
+    }
+
+    /// An agent's RC ring record (UD counts zero): joined to the path's UD window of the
+    /// same start, or kept as a window of its own until that arrives. It carries no UD
+    /// verdict, so it neither opens nor resolves anything.
+    fn join_rc_ring(&mut self, s: PathSummary, retention: usize) {
+        let key = (
+            self.intern(&s.source_gid),
+            self.intern(&s.target_gid),
+            self.path_kind(&s),
+        );
+        let path = self.paths.entry(key).or_default();
+        let start = s.window_start_unix_ns;
+        let pos = path
+            .windows
+            .iter()
+            .rposition(|w| w.summary.window_start_unix_ns <= start);
+        match pos {
+            Some(i) if path.windows[i].summary.window_start_unix_ns == start => {
+                path.windows[i].summary.rc_ring = s.rc_ring;
+            }
+            other => {
+                let at = other.map_or(0, |i| i + 1);
+                if at == 0 && path.windows.len() >= retention {
+                    return;
+                }
+                path.windows.insert(
+                    at,
+                    Window {
+                        summary: s,
+                        loss: false,
+                        rtt: false,
+                    },
+                );
+                while path.windows.len() > retention {
+                    path.windows.pop_front();
+                }
+            }
+        }
     }
 
     pub fn summaries_total(&self) -> u64 {
@@ -553,6 +602,48 @@ mod tests {
         assert_eq!(a.finding_book().open_count(), 0);
         let f = &a.findings(0)[0];
         assert!(!f.is_open() && f.resolved_by.is_none());
+    }
+
+    /// An agent's RC ring record joins the UD window of the same path and start, in
+    /// either order, and never resolves a finding the UD window opened.
+    #[test]
+    fn rc_ring_records_join_the_ud_window_and_decide_nothing() {
+        const W: u64 = 10_000_000_000;
+        let rc = |start: u64, total: u32| PathSummary {
+            rc_ring: Some(rpingmesh_proto::controller_agent::RcRingStats {
+                probe_total: total,
+                network_rtt_p50_ns: 7_000,
+                ..Default::default()
+            }),
+            ..s("1a", "2b", start, 0, 0, 0)
+        };
+        let mut a = analyzer(20);
+        // UD first (lossy: a finding opens), then RC for the same window.
+        a.ingest(vec![s("1a", "2b", 0, 100, 50, 1_000)], W);
+        assert_eq!(a.finding_book().open_count(), 1);
+        a.ingest(vec![rc(0, 10)], W + 1);
+        assert_eq!(
+            a.finding_book().open_count(),
+            1,
+            "an RC record resolves nothing"
+        );
+        let all = |a: &Analyzer| a.paths(&PathFilter::default(), true);
+        let p = all(&a);
+        assert_eq!(p.len(), 1);
+        assert_eq!((p[0].probe_total, p[0].probe_failed), (100, 50));
+        assert_eq!(p[0].rc_ring.unwrap().probe_total, 10);
+        // RC first, then UD: one window, both parts.
+        a.ingest(vec![rc(W, 9)], 2 * W);
+        a.ingest(vec![s("1a", "2b", W, 100, 50, 1_000)], 2 * W);
+        let p = all(&a);
+        assert_eq!(p.len(), 2);
+        assert_eq!(p[1].probe_total, 100);
+        assert_eq!(p[1].rc_ring.unwrap().probe_total, 9);
+        assert_eq!(
+            a.violations(usize::MAX).len(),
+            2,
+            "one per lossy UD window, none from RC"
+        );
     }
 
     fn analyzer(retention: usize) -> Analyzer {

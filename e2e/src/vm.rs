@@ -14,13 +14,61 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 /// Scenario result files (`<results>/<name>.json`), in the order the runner runs them.
-pub const SCENARIOS: [&str; 5] = [
+pub const SCENARIOS: [&str; 6] = [
     "ud_probing",
     "service_kprobe",
     "service_uprobe",
     "rdma_faults",
     "hostping",
+    "rc_ring",
 ];
+
+/// One run of the rc_ring scenario: a server accepting `connections` connections in turn,
+/// and a client running `scenario` (rpingmesh-rc-ring's arguments).
+pub struct RcRingRun {
+    pub name: &'static str,
+    pub budget: usize,
+    pub connections: u64,
+    /// The server checks a one-way stream instead of echoing.
+    pub sink: bool,
+    pub scenario: &'static [&'static str],
+}
+
+/// Seed 001's validation list: a million pipelined messages over a 64 KiB ring (one way,
+/// each checked by the receiver: an echo of each would double a TCG guest's minutes);
+/// 100,000 in batches of 200 through a 16-slot (4 KiB) ring, each echoed; fragmented 8 KiB
+/// messages; rapid reconnect cycles.
+pub const RC_RING_RUNS: [RcRingRun; 4] = [
+    RcRingRun {
+        name: "pipeline",
+        budget: 65536,
+        connections: 1,
+        sink: true,
+        scenario: &["stream", "1000000"],
+    },
+    RcRingRun {
+        name: "batches",
+        budget: 4096,
+        connections: 1,
+        sink: false,
+        scenario: &["batches", "100000", "200"],
+    },
+    RcRingRun {
+        name: "fragmented",
+        budget: 4096,
+        connections: 1,
+        sink: false,
+        scenario: &["fragmented", "200", "8192"],
+    },
+    RcRingRun {
+        name: "reconnect",
+        budget: 4096,
+        connections: RC_RING_RECONNECTS,
+        sink: false,
+        scenario: &["reconnect", "50", "100"],
+    },
+];
+pub const RC_RING_RECONNECTS: u64 = 50;
 /// The benchmark scenario (`cargo xtask bench`); not part of the tests' run.
 pub const BENCH_SCENARIO: &str = "bench_rdma";
 /// Bench: rounds of (agent-bench --rdma, ibv_ud_pingpong), alternated.

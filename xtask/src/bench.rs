@@ -56,6 +56,8 @@ fn release_build() -> Result<()> {
         "rdma-qp-churn",
         "-p",
         "rpingmesh-sim",
+        "-p",
+        "rpingmesh-rc-ring",
         "--features",
         crate::TEST_FEATURES,
     ]);
@@ -166,6 +168,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         "verbs-bench",
         "sim-eval",
         "hostping-bench",
+        "rc-ring-bench",
     ] {
         // The benches repeat internally and print medians: one invocation each.
         let args: &[&str] = match (bin, a.quick) {
@@ -176,6 +179,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
             ("verbs-bench", true) => &["--runs", "1"],
             ("sim-eval", true) => &["--quick"],
             ("hostping-bench", true) => &["--quick"],
+            ("rc-ring-bench", true) => {
+                &["--runs", "1", "--samples", "20000", "--messages", "100000"]
+            }
             _ => &[],
         };
         let res = json_bench(bin, args, 1);
@@ -254,7 +260,9 @@ fn section_intro(bin: &str) -> &'static str {
                 agent_cpu_rdma_vs_udp: a prober agent (200 probes/s offered to one target; 640/s, the packet rate of 64 targets x 10/s, saturates the guest's two TCG vCPUs on either transport) and a responder-only agent, \
                 real processes between the same two addresses, on rdma (rxe) and then on udp in the same guest; CPU is utime+stime from /proc over 10 s; \
                 under TCG the kernel's rxe work runs in softirq and is billed partly to whoever is on the CPU. \
-                dead_peer_cost: the same rdma pair, the live target's probes/s alone vs with a registered dead GID (ibv_create_ah times out after about a second) on the prober's pinglist at the same rate"
+                dead_peer_cost: the same rdma pair, the live target's probes/s alone vs with a registered dead GID (ibv_create_ah times out after about a second) on the prober's pinglist at the same rate. \
+                rc_ring_echo_rtt_rxe: the polled RC write ring's depth-one echo (rpingmesh-rc-ring, 32-byte messages, 5,000 round trips) against ib_write_lat's round trip (twice its typical one-way latency, 32 bytes, 5,000 iterations) between the same two GIDs, rounds alternated; \
+                rc_ring_throughput_rxe: 100,000 32-byte messages streamed through a 64 KiB ring (exact credits) against ib_write_bw's message rate at 32 bytes"
             ,
 "sim-eval" => "Fault localization accuracy on the simulated fabric (`sim/`: the real probing core, aggregation and analyzer in virtual time; see `sim/src/eval.rs`). \
                 A suite of randomized, seeded scenarios (600 s each, 30 s windows) on four 512-RNIC fabric shapes (64 ToRs x 4 spines x 4 hosts x 2 RNICs; 32 x 8 x 4 x 4; 64 x 8 x 2 x 4; 256 x 4 x 1 x 2, ToRs of two RNICs), \
@@ -276,6 +284,10 @@ fn section_intro(bin: &str) -> &'static str {
                 plus the Hostping monitor (R2R windows, four ports' counters once a second from files), the process's CPU time as a share of one core (target < 0.002) \
                 minus the same four drivers running with nothing to probe for as long (the baseline, same run). The user/system split shows where it goes: \
                 system time is the kernel's UDP/IP path over loopback and the wake-ups (an RNIC does that path in hardware on the rdma transport), user time is the agent's own work",
+            "rc-ring-bench" => "Polled RC write rings (seed 001), shared-memory backend (`rc-ring/src/shm.rs`: the same sans-IO sender and receiver over a file two processes map). \
+                ring_round_trip_shm: depth-one echo of 32-byte messages between two processes (ring write, poll, echo write, poll), against two threads bouncing one cache line (the floor of any cross-core handoff). \
+                ring_throughput_shm: one million echoed messages pipelined through a 64 KiB ring (256 slots, exact credits) against the same messages through a pair of std bounded channels (256 deep) between two threads. \
+                Over RC on soft-RoCE, against ib_write_lat and ib_write_bw, see the vm-rdma section (rc_ring_*)",
             _ => "",
         }
 }

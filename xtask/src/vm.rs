@@ -54,6 +54,12 @@ const VM_NEEDED: &[Need] = &[
         why: "an RDMA-CM service inside the VM",
     },
     Need {
+        what: "ib_write_lat",
+        present: || have_tool("ib_write_lat"),
+        package: "perftest",
+        why: "the RC ring benchmark's baselines in the VM (ib_write_lat, ib_write_bw)",
+    },
+    Need {
         what: "python3 venv",
         present: || {
             Command::new(python())
@@ -232,12 +238,47 @@ pub fn rdma_lines(v: &Value) -> Result<Vec<Map<String, Value>>> {
     ];
     Ok(lines
         .into_iter()
+        .chain(rc_ring_lines(&v["rc_ring"]))
         .chain(load_lines(&v["load"]))
         .map(|l| match l {
             Value::Object(m) => m,
             _ => unreachable!("json! of an object"),
         })
         .collect())
+}
+
+/// The RC ring rounds of `bench_rdma`: echo RTT vs ib_write_lat (one way, so doubled),
+/// stream msgs/s vs ib_write_bw, medians over the rounds that ran (pure).
+pub fn rc_ring_lines(rounds: &Value) -> Vec<Value> {
+    let ok: Vec<&Value> = rounds
+        .as_array()
+        .map(|a| a.iter().filter(|r| r.get("error").is_none()).collect())
+        .unwrap_or_default();
+    if ok.is_empty() {
+        return Vec::new();
+    }
+    let m = |f: &dyn Fn(&Value) -> Option<f64>| median(ok.iter().filter_map(|r| f(r)).collect());
+    let ring_p50 = m(&|r| r["ring_rtt_p50_ns"].as_f64());
+    let ring_p99 = m(&|r| r["ring_rtt_p99_ns"].as_f64());
+    let lat_rtt = m(&|r| {
+        r["ib_write_lat_typical_us"]
+            .as_f64()
+            .map(|us| 2.0 * us * 1000.0)
+    });
+    let ring_rate = m(&|r| r["ring_msgs_per_sec"].as_f64());
+    let bw_rate = m(&|r| r["ib_write_bw_mpps"].as_f64().map(|mpps| mpps * 1e6));
+    vec![
+        json!({"bench": "rc_ring_echo_rtt_rxe", "unit": "ns", "rounds": ok.len(), "message_bytes": 32,
+               "ring_p50_ns": ring_p50, "ring_p99_ns": ring_p99,
+               "baseline": "ib_write_lat round trip (2 x t_typical), same GIDs",
+               "baseline_ns": lat_rtt,
+               "ratio_to_baseline": if lat_rtt > 0.0 { ring_p50 / lat_rtt } else { 0.0 }}),
+        json!({"bench": "rc_ring_throughput_rxe", "unit": "msgs/s", "rounds": ok.len(), "message_bytes": 32,
+               "ring_bytes": 65536, "ring_msgs_per_sec": ring_rate,
+               "baseline": "ib_write_bw message rate, same GIDs",
+               "baseline_msgs_per_sec": bw_rate,
+               "ratio_to_baseline": if bw_rate > 0.0 { ring_rate / bw_rate } else { 0.0 }}),
+    ]
 }
 
 /// Live-target probes/s of the prober within `[from, to)`, from the windows (a window

@@ -442,6 +442,7 @@ fn summaries(paths: u64, windows: u64) -> Vec<PathSummary> {
                 pinglist_type: 0,
                 service: String::new(),
                 flow_labels: Vec::new(),
+                rc_ring: None,
             });
         }
     }

@@ -74,6 +74,7 @@ fn main() {
                 "service_uprobe" => service_tracing(&dir, "uprobe").await,
                 "rdma_faults" => rdma_faults(&dir).await,
                 "hostping" => hostping(&dir).await,
+                "rc_ring" => rc_ring(&dir).await,
                 BENCH_SCENARIO => bench_rdma(&dir).await,
                 _ => bail!("unknown scenario"),
             }
@@ -944,6 +945,10 @@ async fn service_tracing(dir: &Path, mode: &str) -> Result<Value> {
         ),
         ("--analysis-window-sec", "2".into()),
         ("--pinglist-update-interval-sec", "5".into()),
+        // RC ring probing of the SERVICE targets (on by default): TCG sleeps overshoot by
+        // milliseconds, so the polling windows are wider than on a real host.
+        ("--rc-ring-poll-lead-us", "20000".into()),
+        ("--rc-ring-hot-wait-us", "50000".into()),
     ];
     let agent_ids = ["svc-a", "svc-b"];
     let mut agents = Vec::new();
@@ -1115,6 +1120,9 @@ async fn service_tracing(dir: &Path, mode: &str) -> Result<Value> {
         v["qp_churn"] = r;
     }
 
+    // 4. What the agents' RC rings measured on the SERVICE paths over the whole run.
+    v["rc_ring"] = rc_ring_windows(&ep).await;
+
     Proc::stop_all(&mut agents);
     v["agent_logs"] = json!(agents
         .iter()
@@ -1127,6 +1135,7 @@ async fn service_tracing(dir: &Path, mode: &str) -> Result<Value> {
                         || l.contains("\"level\":\"WARN\"")
                         || l.contains("existing QPs")
                         || l.contains("before tracing began")
+                        || l.contains("rc ring")
                 })
                 .take(20)
                 .collect();
@@ -1134,6 +1143,31 @@ async fn service_tracing(dir: &Path, mode: &str) -> Result<Value> {
         })
         .collect::<BTreeMap<_, _>>());
     Ok(v)
+}
+
+/// Every retained path window that carries RC ring stats.
+async fn rc_ring_windows(endpoint: &str) -> Value {
+    let windows = match operator(endpoint).await {
+        Ok(mut op) => all_windows(&mut op).await,
+        Err(e) => Err(e),
+    };
+    let windows = match windows {
+        Ok(w) => w,
+        Err(e) => return json!({ "error": format!("{e:#}") }),
+    };
+    json!({ "windows": windows
+        .iter()
+        .filter_map(|s| {
+            let r = s.rc_ring?;
+            Some(json!({
+                "source": s.source_gid, "target": s.target_gid, "type": s.pinglist_type,
+                "service": s.service, "start": s.window_start_unix_ns, "ud_total": s.probe_total,
+                "total": r.probe_total, "lost": r.probe_lost, "late": r.probe_late,
+                "min_ns": r.network_rtt_min_ns, "p50_ns": r.network_rtt_p50_ns,
+                "responder_p50_ns": r.responder_delay_p50_ns,
+            }))
+        })
+        .collect::<Vec<_>>() })
 }
 
 // ------------------------------------------------------------------------------ bench
@@ -1276,13 +1310,139 @@ async fn bench_rdma(dir: &Path) -> Result<Value> {
     Proc::stop_all(&mut agents);
     drop(ctl);
     let load = bench_load(dir, g).await?;
+    let rc_ring = (0..BENCH_ROUNDS)
+        .map(|round| rc_ring_bench_round(dir, g, round))
+        .collect::<Vec<_>>();
     Ok(json!({
+        "rc_ring": rc_ring,
         "rounds": rounds,
         "service_path_latency_ms": latencies_ms,
         "qps": rtr.len(),
         "report_interval_ms": BENCH_REPORT_INTERVAL_MS,
         "load": load,
     }))
+}
+
+/// One round of the RC ring bench between the two service devices, each measurement next
+/// to its perftest baseline between the same GIDs: the ring's depth-one echo round trip
+/// (32-byte messages) against `ib_write_lat` (which reports half a round trip), and
+/// pipelined one-way messages per second through a 64 KiB ring against `ib_write_bw`.
+fn rc_ring_bench_round(dir: &Path, g: [u32; 2], round: u32) -> Value {
+    let (server_ip, client_ip) = (SVC_IPS[1], SVC_IPS[0]);
+    let ring = |what: &str, port: u16, sink: bool, scenario: &[&str]| -> Result<Value> {
+        let mut sargs: Vec<String> = [
+            "serve",
+            "--bind",
+            &format!("{server_ip}:{port}"),
+            "--timeout-sec",
+            "300",
+        ]
+        .map(String::from)
+        .to_vec();
+        if sink {
+            sargs.push("--sink".into());
+        }
+        let mut server = Proc::spawn(
+            dir,
+            &format!("ring-{what}-serve-{round}"),
+            None,
+            &bin("rpingmesh-rc-ring"),
+            &sargs,
+        )?;
+        wait_cm_listening(port, Duration::from_secs(20))?;
+        let mut cargs: Vec<String> = [
+            "run",
+            "--dst",
+            &format!("{server_ip}:{port}"),
+            "--src",
+            &client_ip.to_string(),
+            "--timeout-sec",
+            "300",
+        ]
+        .map(String::from)
+        .to_vec();
+        cargs.extend(scenario.iter().map(|s| s.to_string()));
+        let mut client = Proc::spawn(
+            dir,
+            &format!("ring-{what}-run-{round}"),
+            None,
+            &bin("rpingmesh-rc-ring"),
+            &cargs,
+        )?;
+        client
+            .wait_exit(Duration::from_secs(320))
+            .context("ring client did not finish")?;
+        server.wait_exit(Duration::from_secs(10));
+        serde_json::from_str(client.stdout().trim())
+            .with_context(|| format!("ring client: {}", client.stderr()))
+    };
+    // perftest: the server listens for the client's TCP exchange, then both run.
+    let perftest = |tool: &str, port: u16, extra: &[&str]| -> Result<Vec<f64>> {
+        let common = |dev: &str, gid: u32| -> Vec<String> {
+            let mut a: Vec<String> = [
+                "-d",
+                dev,
+                "-x",
+                &gid.to_string(),
+                "-s",
+                "32",
+                "-p",
+                &port.to_string(),
+                "-F",
+            ]
+            .map(String::from)
+            .to_vec();
+            a.extend(extra.iter().map(|s| s.to_string()));
+            a
+        };
+        let mut server = Proc::spawn(
+            dir,
+            &format!("{tool}-serve-{round}"),
+            None,
+            Path::new(tool),
+            &common(SVC_DEVICES[1], g[1]),
+        )?;
+        wait_listening(port, Duration::from_secs(20))?;
+        let mut cargs = common(SVC_DEVICES[0], g[0]);
+        cargs.push(server_ip.to_string());
+        let mut client = Proc::spawn(
+            dir,
+            &format!("{tool}-run-{round}"),
+            None,
+            Path::new(tool),
+            &cargs,
+        )?;
+        client
+            .wait_exit(Duration::from_secs(300))
+            .with_context(|| format!("{tool} did not finish"))?;
+        server.wait_exit(Duration::from_secs(10));
+        // The result row: the last line starting with the message size.
+        let out = client.stdout();
+        out.lines()
+            .rfind(|l| l.trim_start().starts_with("32 "))
+            .map(|l| {
+                l.split_whitespace()
+                    .filter_map(|w| w.parse().ok())
+                    .collect()
+            })
+            .with_context(|| format!("no result row from {tool}: {out}{}", client.stderr()))
+    };
+    let port = 7700 + round as u16 * 10;
+    let r = (|| -> Result<Value> {
+        let rtt = ring("rtt", port, false, &["rtt", "500", "5000"])?;
+        // #bytes #iterations t_min t_max t_typical t_avg t_stdev 99% 99.9% (usec, one way)
+        let lat = perftest("ib_write_lat", port + 1, &["-n", "5000"])?;
+        let tput = ring("stream", port + 2, true, &["stream", "100000"])?;
+        // #bytes #iterations BW_peak BW_average MsgRate[Mpps]
+        let bw = perftest("ib_write_bw", port + 3, &["-n", "100000"])?;
+        Ok(json!({
+            "ring_rtt_p50_ns": rtt["p50_ns"], "ring_rtt_p99_ns": rtt["p99_ns"],
+            "ib_write_lat_typical_us": lat.get(4), "ib_write_lat_99_us": lat.get(7),
+            "ring_msgs_per_sec": tput["msgs_per_sec"],
+            "ib_write_bw_mpps": bw.get(4),
+        }))
+    })();
+    r.unwrap_or_else(|e| json!({ "error": format!("{e:#}") }))
 }
 
 /// CPU seconds (user + system) a process has used so far.
@@ -1938,4 +2098,86 @@ fn nft_apply(ruleset: &str) -> Result<()> {
         bail!("nft -f: {}", String::from_utf8_lossy(&out.stderr));
     }
     Ok(())
+}
+
+/// Seed 001's validation list over real RC QPs and RDMA-CM: rpingmesh-rc-ring server and
+/// client processes between the two service rxe devices (behind their bridge), one run
+/// per scenario (see `RC_RING_RUNS`). Afterwards, no QP of theirs may be left.
+async fn rc_ring(dir: &Path) -> Result<Value> {
+    svc_network()?;
+    let (server_ip, client_ip) = (SVC_IPS[1], SVC_IPS[0]);
+    let mut v = json!({});
+    for (i, run) in RC_RING_RUNS.iter().enumerate() {
+        let port = 7600 + i as u16;
+        let started = Instant::now();
+        let mut server_args: Vec<String> = [
+            "serve",
+            "--bind",
+            &format!("{server_ip}:{port}"),
+            "--budget",
+            &run.budget.to_string(),
+            "--connections",
+            &run.connections.to_string(),
+            "--timeout-sec",
+            "600",
+        ]
+        .map(String::from)
+        .to_vec();
+        if run.sink {
+            server_args.push("--sink".into());
+        }
+        let mut server = Proc::spawn(
+            dir,
+            &format!("rc-ring-serve-{}", run.name),
+            None,
+            &bin("rpingmesh-rc-ring"),
+            &server_args,
+        )?;
+        wait_cm_listening(port, Duration::from_secs(20))?;
+        let mut args: Vec<String> = [
+            "run",
+            "--dst",
+            &format!("{server_ip}:{port}"),
+            "--src",
+            &client_ip.to_string(),
+            "--budget",
+            &run.budget.to_string(),
+            "--timeout-sec",
+            "600",
+        ]
+        .map(String::from)
+        .to_vec();
+        args.extend(run.scenario.iter().map(|s| s.to_string()));
+        let mut client = Proc::spawn(
+            dir,
+            &format!("rc-ring-run-{}", run.name),
+            None,
+            &bin("rpingmesh-rc-ring"),
+            &args,
+        )?;
+        let client_exit = client.wait_exit(Duration::from_secs(900));
+        let server_exit = server.wait_exit(Duration::from_secs(30));
+        let parse = |p: &Proc, exit: Option<std::process::ExitStatus>| -> Value {
+            match exit {
+                Some(s) if s.success() => serde_json::from_str(p.stdout().trim()).unwrap_or_else(
+                    |e| json!({ "error": format!("bad output {:?}: {e}", p.stdout()) }),
+                ),
+                Some(s) => json!({ "error": format!("exit {s}: {}", p.stderr().trim()) }),
+                None => json!({ "error": "did not exit in time" }),
+            }
+        };
+        v[run.name] = json!({
+            "client": parse(&client, client_exit),
+            "server": parse(&server, server_exit),
+            "elapsed_ms": started.elapsed().as_millis() as u64,
+        });
+    }
+    v["qps_left"] = json!(res_qp()
+        .as_array()
+        .map(|a| a
+            .iter()
+            .filter(|q| q["comm"].as_str() == Some("rpingmesh-rc-ri"))
+            .count())
+        .unwrap_or(0));
+    Ok(v)
 }

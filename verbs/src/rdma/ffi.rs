@@ -21,6 +21,8 @@ use super::completion::WcRecord;
 use super::error::{device_list_null_reason, RdmaError};
 use super::loopback::NodeMask;
 
+pub mod cm;
+
 fn verbs_err(device: &str, call: &'static str, source: io::Error) -> RdmaError {
     RdmaError::Verbs {
         device: device.to_string(),
@@ -79,6 +81,8 @@ pub fn device_names() -> Result<Vec<String>, RdmaError> {
 pub struct Context {
     ctx: NonNull<ibv_context>,
     name: String,
+    /// False for librdmacm's contexts (`cm`), which the library closes itself.
+    owned: bool,
 }
 
 // SAFETY: see the module doc (libibverbs contexts are thread-safe).
@@ -87,8 +91,10 @@ unsafe impl Sync for Context {}
 
 impl Drop for Context {
     fn drop(&mut self) {
-        // SAFETY: every child holds an Arc of this context, so none is left.
-        unsafe { ibv_close_device(self.ctx.as_ptr()) };
+        if self.owned {
+            // SAFETY: every child holds an Arc of this context, so none is left.
+            unsafe { ibv_close_device(self.ctx.as_ptr()) };
+        }
     }
 }
 
@@ -149,6 +155,7 @@ impl Context {
             Some(ctx) => Ok(Arc::new(Context {
                 ctx,
                 name: name.to_string(),
+                owned: true,
             })),
             None if found.is_empty() => Err(RdmaError::NoDevices {
                 reason: "ibv_get_device_list returned an empty list".into(),

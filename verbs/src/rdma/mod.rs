@@ -16,6 +16,8 @@ pub mod error;
 pub mod gpu;
 pub mod loopback;
 pub mod nic_clock;
+#[cfg(feature = "rdma")]
+pub mod rc_ring;
 pub mod ring;
 pub mod sysfs;
 
