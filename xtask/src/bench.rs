@@ -286,7 +286,7 @@ fn section_intro(bin: &str) -> &'static str {
                 system time is the kernel's UDP/IP path over loopback and the wake-ups (an RNIC does that path in hardware on the rdma transport), user time is the agent's own work",
             "rc-ring-bench" => "Polled RC write rings (seed 001), shared-memory backend (`rc-ring/src/shm.rs`: the same sans-IO sender and receiver over a file two processes map). \
                 ring_round_trip_shm: depth-one echo of 32-byte messages between two processes (ring write, poll, echo write, poll), against two threads bouncing one cache line (the floor of any cross-core handoff). \
-                ring_throughput_shm: one million echoed messages pipelined through a 64 KiB ring (256 slots, exact credits) against the same messages through a pair of std bounded channels (256 deep) between two threads. \
+                ring_throughput_shm: one million echoed messages pipelined through a 64 KiB ring (256 slots, exact credits) against the same messages, built and checked alike, through a pair of std bounded channels (256 deep) between two threads. \
                 Over RC on soft-RoCE, against ib_write_lat and ib_write_bw, see the vm-rdma section (rc_ring_*)",
             _ => "",
         }

@@ -949,6 +949,9 @@ async fn service_tracing(dir: &Path, mode: &str) -> Result<Value> {
         // milliseconds, so the polling windows are wider than on a real host.
         ("--rc-ring-poll-lead-us", "20000".into()),
         ("--rc-ring-hot-wait-us", "50000".into()),
+        // The services run for seconds each: probe their rings four times a second.
+        ("--rc-ring-probe-interval-ms", "250".into()),
+        ("--rc-ring-probe-timeout-ms", "250".into()),
     ];
     let agent_ids = ["svc-a", "svc-b"];
     let mut agents = Vec::new();

@@ -2,7 +2,8 @@
 //! - ring_round_trip_shm: depth-one echo through a ring pair between two processes,
 //!   against two threads bouncing one cache line (the floor of any cross-core handoff);
 //! - ring_throughput_shm: pipelined echoed messages per second through a 64 KiB ring,
-//!   against the same messages through std's bounded channel between two threads.
+//!   against the same messages (built and checked alike) through std's bounded channels
+//!   between two threads.
 //!
 //! rc-ring-bench [--runs N] [--samples N] [--messages N]
 
@@ -13,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use rpingmesh_rc_ring::shm::ShmLink;
 use rpingmesh_rc_ring::stress;
-use rpingmesh_rc_ring::Geometry;
+use rpingmesh_rc_ring::{Geometry, MAX_PAYLOAD};
 
 const TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -93,10 +94,12 @@ fn cache_line_ping_pong(warmup: u64, samples: u64) -> Vec<u64> {
     out
 }
 
-/// The same echo pipeline through std's bounded channels (256 deep, like the ring).
+/// The same echo pipeline through std's bounded channels (256 deep, like the ring): the
+/// same pattern messages, each checked on its return, so only the transport differs.
 fn channel_pipeline(n: u64) -> f64 {
-    let (to_peer, peer_rx) = std::sync::mpsc::sync_channel::<[u8; 32]>(256);
-    let (peer_tx, from_peer) = std::sync::mpsc::sync_channel::<[u8; 32]>(256);
+    type Msg = ([u8; MAX_PAYLOAD], usize);
+    let (to_peer, peer_rx) = std::sync::mpsc::sync_channel::<Msg>(256);
+    let (peer_tx, from_peer) = std::sync::mpsc::sync_channel::<Msg>(256);
     let peer = std::thread::spawn(move || {
         while let Ok(m) = peer_rx.recv() {
             if peer_tx.send(m).is_err() {
@@ -107,14 +110,19 @@ fn channel_pipeline(n: u64) -> f64 {
     let t0 = Instant::now();
     let mut echoed = 0u64;
     let mut sent = 0u64;
+    let mut want = [0u8; MAX_PAYLOAD];
     while echoed < n {
         while sent < n && sent - echoed < 256 {
-            match to_peer.try_send([sent as u8; 32]) {
+            let mut m = [0u8; MAX_PAYLOAD];
+            let len = stress::pattern(sent, &mut m);
+            match to_peer.try_send((m, len)) {
                 Ok(()) => sent += 1,
                 Err(_) => break,
             }
         }
-        while let Ok(_m) = from_peer.try_recv() {
+        while let Ok((m, len)) = from_peer.try_recv() {
+            let wl = stress::pattern(echoed, &mut want);
+            assert_eq!(&m[..len], &want[..wl], "channel echo {echoed}");
             echoed += 1;
         }
     }

@@ -699,6 +699,15 @@ impl Mr {
         if remote_write {
             access |= ibv_access_flags::IBV_ACCESS_REMOTE_WRITE;
         }
+        Self::register_host_with(pd, mem, access)
+    }
+
+    /// `register_host` with explicit access flags (the RC rings add remote read).
+    fn register_host_with(
+        pd: &Arc<Pd>,
+        mem: HostMem,
+        access: ibv_access_flags,
+    ) -> Result<Mr, RdmaError> {
         // SAFETY: `mem` is a live mapping of `mem.len` bytes, kept alive by the Mr (it
         // is moved into it below) until after ibv_dereg_mr.
         let mr = unsafe {

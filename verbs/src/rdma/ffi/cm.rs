@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use rdma_sys::*;
 
-use super::{rc, verbs_err, Context, Cq, HostMem, Mr, MrBuf, Pd};
+use super::{rc, verbs_err, Context, Cq, HostMem, Mr, Pd};
 use crate::rdma::completion::WcRecord;
 use crate::rdma::error::RdmaError;
 use crate::rdma::loopback::NodeMask;
@@ -622,32 +622,13 @@ impl CmConn {
 /// Registers a ring region for local write (credit landing), remote write (the peer's
 /// messages) and remote read (the peer's credit reads of our consumed counter).
 fn register_ring(pd: &Arc<Pd>, mem: HostMem) -> Result<Mr, RdmaError> {
-    let access = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
-        | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE
-        | ibv_access_flags::IBV_ACCESS_REMOTE_READ;
-    // SAFETY: `mem` is a live mapping moved into the Mr, so it outlives the registration.
-    let mr = unsafe {
-        ibv_reg_mr(
-            pd.pd.as_ptr(),
-            mem.ptr.as_ptr() as *mut libc::c_void,
-            mem.len,
-            access.0 as i32,
-        )
-    };
-    match NonNull::new(mr) {
-        Some(mr) => Ok(Mr {
-            mr,
-            buf: mem.ptr,
-            len: mem.len,
-            kind: MrBuf::Host { _mem: mem },
-            _pd: pd.clone(),
-        }),
-        None => Err(verbs_err(
-            &pd.ctx.name,
-            "ibv_reg_mr",
-            io::Error::last_os_error(),
-        )),
-    }
+    Mr::register_host_with(
+        pd,
+        mem,
+        ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
+            | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE
+            | ibv_access_flags::IBV_ACCESS_REMOTE_READ,
+    )
 }
 
 /// The NUMA node sysfs gives a device (None: no PCI parent, as on rxe, or -1).
