@@ -76,6 +76,16 @@ struct Window {
     rtt: bool,
 }
 
+/// Where a window of a given start is in a path's retained windows.
+enum Slot {
+    /// A window of that start was already there.
+    Existing(usize),
+    /// A new window was inserted there.
+    Inserted(usize),
+    /// Older than everything retained, with no room: not kept.
+    Dropped,
+}
+
 #[derive(Debug, Default)]
 struct PathState {
     /// Sorted by window_start_unix_ns, oldest first.
@@ -83,6 +93,33 @@ struct PathState {
     /// Interned (source ToR, target ToR) of the newest window: the ToR-pair view
     /// aggregates over these without comparing strings.
     tors: (u32, u32),
+}
+
+impl PathState {
+    /// Finds the window starting at `start`, or inserts `new()` in order (then trims to
+    /// `retention`, oldest first).
+    fn slot(&mut self, start: u64, retention: usize, new: impl FnOnce() -> Window) -> Slot {
+        // Newest-first scan: windows nearly always arrive in order.
+        let pos = self
+            .windows
+            .iter()
+            .rposition(|w| w.summary.window_start_unix_ns <= start);
+        match pos {
+            Some(i) if self.windows[i].summary.window_start_unix_ns == start => Slot::Existing(i),
+            other => {
+                let mut at = other.map_or(0, |i| i + 1);
+                if at == 0 && self.windows.len() >= retention {
+                    return Slot::Dropped;
+                }
+                self.windows.insert(at, new());
+                while self.windows.len() > retention {
+                    self.windows.pop_front();
+                    at -= 1;
+                }
+                Slot::Inserted(at)
+            }
+        }
+    }
 }
 
 /// (source GID id, target GID id, kind): kind 0 is the ToR-mesh / inter-ToR path (one
@@ -282,41 +319,22 @@ impl Analyzer {
             );
             let path = self.paths.entry(key).or_default();
             let start = s.window_start_unix_ns;
-            // Newest-first scan: windows nearly always arrive in order.
-            let pos = path
-                .windows
-                .iter()
-                .rposition(|w| w.summary.window_start_unix_ns <= start);
-            let (was_loss, was_rtt, kept) = match pos {
-                Some(i) if path.windows[i].summary.window_start_unix_ns == start => {
+            let new_window = || Window {
+                summary: PathSummary::default(),
+                loss,
+                rtt,
+            };
+            let (was_loss, was_rtt, kept) = match path.slot(start, retention, new_window) {
+                Slot::Existing(i) => {
                     let w = &mut path.windows[i];
                     let prev = (w.loss, w.rtt);
                     w.loss = loss;
                     w.rtt = rtt;
                     (prev.0, prev.1, Some(i))
                 }
-                other => {
-                    let at = other.map_or(0, |i| i + 1);
-                    if at == 0 && path.windows.len() >= retention {
-                        // Older than everything retained and no room: not kept.
-                        (false, false, None)
-                    } else {
-                        path.windows.insert(
-                            at,
-                            Window {
-                                summary: PathSummary::default(),
-                                loss,
-                                rtt,
-                            },
-                        );
-                        let mut at = at;
-                        while path.windows.len() > retention {
-                            path.windows.pop_front();
-                            at -= 1;
-                        }
-                        (false, false, Some(at))
-                    }
-                }
+                Slot::Inserted(i) => (false, false, Some(i)),
+                // Older than everything retained and no room: not kept.
+                Slot::Dropped => (false, false, None),
             };
             let new_loss = loss && !was_loss;
             let new_rtt = rtt && !was_rtt;
@@ -375,32 +393,14 @@ impl Analyzer {
             self.path_kind(&s),
         );
         let path = self.paths.entry(key).or_default();
-        let start = s.window_start_unix_ns;
-        let pos = path
-            .windows
-            .iter()
-            .rposition(|w| w.summary.window_start_unix_ns <= start);
-        match pos {
-            Some(i) if path.windows[i].summary.window_start_unix_ns == start => {
-                path.windows[i].summary.rc_ring = s.rc_ring;
-            }
-            other => {
-                let at = other.map_or(0, |i| i + 1);
-                if at == 0 && path.windows.len() >= retention {
-                    return;
-                }
-                path.windows.insert(
-                    at,
-                    Window {
-                        summary: s,
-                        loss: false,
-                        rtt: false,
-                    },
-                );
-                while path.windows.len() > retention {
-                    path.windows.pop_front();
-                }
-            }
+        let (start, rc_ring) = (s.window_start_unix_ns, s.rc_ring);
+        let new_window = || Window {
+            summary: s,
+            loss: false,
+            rtt: false,
+        };
+        if let Slot::Existing(i) = path.slot(start, retention, new_window) {
+            path.windows[i].summary.rc_ring = rc_ring;
         }
     }
 

@@ -34,6 +34,14 @@ pub enum ShmError {
     },
 }
 
+/// An I/O error about the shared file at `path`.
+fn io_err(path: &Path) -> impl Fn(std::io::Error) -> ShmError + '_ {
+    move |err| ShmError::Io {
+        path: path.display().to_string(),
+        err,
+    }
+}
+
 /// One side of a pair of rings in a shared file.
 pub struct ShmLink {
     base: *mut u8,
@@ -53,33 +61,27 @@ unsafe impl Send for ShmLink {}
 impl ShmLink {
     /// Side A: creates the file (it must not exist yet), zeroed, and maps it.
     pub fn create(path: &Path, geom: Geometry) -> Result<ShmLink, ShmError> {
-        let io = |err| ShmError::Io {
-            path: path.display().to_string(),
-            err,
-        };
+        let io = io_err(path);
         let f = OpenOptions::new()
             .read(true)
             .write(true)
             // A fresh file only: an old ring's sequences would read as a protocol error.
             .create_new(true)
             .open(path)
-            .map_err(io)?;
-        f.set_len(2 * geom.mapped_len() as u64).map_err(io)?;
+            .map_err(&io)?;
+        f.set_len(2 * geom.mapped_len() as u64).map_err(&io)?;
         Self::map(path, &f, geom, Side::A)
     }
 
     /// Side B: maps a file side A created with the same geometry.
     pub fn open(path: &Path, geom: Geometry) -> Result<ShmLink, ShmError> {
-        let io = |err| ShmError::Io {
-            path: path.display().to_string(),
-            err,
-        };
+        let io = io_err(path);
         let f = OpenOptions::new()
             .read(true)
             .write(true)
             .open(path)
-            .map_err(io)?;
-        let found = f.metadata().map_err(io)?.len();
+            .map_err(&io)?;
+        let found = f.metadata().map_err(&io)?.len();
         let expected = 2 * geom.mapped_len() as u64;
         if found != expected {
             return Err(ShmError::Size {

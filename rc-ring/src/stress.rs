@@ -45,9 +45,14 @@ fn check_deadline(deadline: Instant, what: &str, c: &Counts) -> Result<(), Strin
     Ok(())
 }
 
-/// Receives pattern messages (`run_stream`'s), checking each in order, until `END`, which
-/// it echoes. Returns messages received.
-pub fn serve_sink(link: &mut dyn RingLink, timeout: Duration) -> Result<u64, String> {
+/// The server loop: hands each message but `END` to `each` (with its index), echoes `END`
+/// and returns how many messages came before it.
+fn serve(
+    link: &mut dyn RingLink,
+    timeout: Duration,
+    what: &str,
+    mut each: impl FnMut(&mut dyn RingLink, u64, &[u8], Instant) -> Result<(), String>,
+) -> Result<u64, String> {
     let deadline = Instant::now() + timeout;
     let mut buf = [0u8; MAX_PAYLOAD];
     let mut n = 0u64;
@@ -55,22 +60,42 @@ pub fn serve_sink(link: &mut dyn RingLink, timeout: Duration) -> Result<u64, Str
         let Some(len) = link.try_recv(&mut buf)? else {
             link.idle();
             if Instant::now() > deadline {
-                return Err(format!("sink: timed out after {n} messages"));
+                return Err(format!("{what}: timed out after {n} messages"));
             }
             continue;
         };
         if buf[..len] == END {
-            while !link.try_send(&END)? {
-                link.idle();
-                if Instant::now() > deadline {
-                    return Err("sink: END echo blocked".into());
-                }
-            }
+            send_until(link, &END, deadline, what, n)?;
             return Ok(n);
         }
-        check_pattern(n, &buf[..len]).map_err(|e| format!("sink: {e}"))?;
+        each(link, n, &buf[..len], deadline)?;
         n += 1;
     }
+}
+
+/// Sends `msg`, waiting out backpressure until `deadline`.
+fn send_until(
+    link: &mut dyn RingLink,
+    msg: &[u8],
+    deadline: Instant,
+    what: &str,
+    n: u64,
+) -> Result<(), String> {
+    while !link.try_send(msg)? {
+        link.idle();
+        if Instant::now() > deadline {
+            return Err(format!("{what}: reply blocked after {n} messages"));
+        }
+    }
+    Ok(())
+}
+
+/// Receives pattern messages (`run_stream`'s), checking each in order, until `END`, which
+/// it echoes. Returns messages received.
+pub fn serve_sink(link: &mut dyn RingLink, timeout: Duration) -> Result<u64, String> {
+    serve(link, timeout, "sink", |_, n, msg, _| {
+        check_pattern(n, msg).map_err(|e| format!("sink: {e}"))
+    })
 }
 
 /// Sends `n` pattern messages one way as fast as credits allow (the sink checks them),
@@ -95,28 +120,9 @@ pub fn run_stream(link: &mut dyn RingLink, n: u64, timeout: Duration) -> Result<
 
 /// Echoes every message until `END` (echoed too). Returns messages echoed.
 pub fn serve_echo(link: &mut dyn RingLink, timeout: Duration) -> Result<u64, String> {
-    let deadline = Instant::now() + timeout;
-    let mut buf = [0u8; MAX_PAYLOAD];
-    let mut n = 0u64;
-    loop {
-        let Some(len) = link.try_recv(&mut buf)? else {
-            link.idle();
-            if Instant::now() > deadline {
-                return Err(format!("echo server: timed out after {n} messages"));
-            }
-            continue;
-        };
-        while !link.try_send(&buf[..len])? {
-            link.idle();
-            if Instant::now() > deadline {
-                return Err(format!("echo server: reply blocked after {n} messages"));
-            }
-        }
-        if buf[..len] == END {
-            return Ok(n);
-        }
-        n += 1;
-    }
+    serve(link, timeout, "echo server", |link, n, msg, deadline| {
+        send_until(link, msg, deadline, "echo server", n)
+    })
 }
 
 /// Checks echo `i` (the count so far) of a run.
