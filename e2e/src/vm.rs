@@ -14,13 +14,14 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 /// Scenario result files (`<results>/<name>.json`), in the order the runner runs them.
-pub const SCENARIOS: [&str; 6] = [
+pub const SCENARIOS: [&str; 7] = [
     "ud_probing",
     "service_kprobe",
     "service_uprobe",
     "rdma_faults",
     "hostping",
     "rc_ring",
+    "rc_ring_peers",
 ];
 
 /// One run of the rc_ring scenario: a server accepting `connections` connections in turn,
@@ -69,6 +70,14 @@ pub const RC_RING_RUNS: [RcRingRun; 4] = [
     },
 ];
 pub const RC_RING_RECONNECTS: u64 = 50;
+/// rc_ring_peers: two agents with RC rings on their ToR mesh (the service devices), one
+/// killed -9 while its ring is up and kept down this long (connect back-offs of 4, 8 and
+/// 16 s fall inside it), after this long with both rings up.
+pub const RC_PEERS_TOR: &str = "tor-rc";
+pub const RC_PEERS_DOWN_SECS: u64 = 20;
+pub const RC_PEERS_STEADY_SECS: u64 = 6;
+/// Ring probe interval of the rc_ring_peers agents (ms): several probes per 2 s window.
+pub const RC_PEERS_INTERVAL_MS: u64 = 250;
 /// The benchmark scenario (`cargo xtask bench`); not part of the tests' run.
 pub const BENCH_SCENARIO: &str = "bench_rdma";
 /// Bench: rounds of (agent-bench --rdma, ibv_ud_pingpong), alternated.
@@ -81,6 +90,8 @@ pub const BENCH_SECONDS: u32 = 5;
 /// that CPU and the dead peer's cost are compared at the rate asked for.
 pub const LOAD_PROBES_PER_SEC: u32 = 200;
 pub const LOAD_SECS: u64 = 10;
+/// Bench: seconds of each ring-poller CPU measurement (no rings, then rings).
+pub const RC_CPU_SECS: u64 = 20;
 pub const BENCH_LOAD_TOR: &str = "tor-load";
 /// Bench: connected pairs whose service-path latency is measured.
 pub const BENCH_PAIRS: u32 = 8;

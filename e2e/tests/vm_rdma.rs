@@ -1141,3 +1141,124 @@ fn vm_agents_probe_their_service_paths_over_rc_rings() {
     // A round trip over rxe inside one TCG guest: tens of microseconds to milliseconds.
     assert!(exact.iter().all(|p| *p < 50_000_000), "{exact:?}");
 }
+
+/// A ring peer that dies with its ring established: the client ends with one error line
+/// soon after the server is killed -9 (its kernel disconnects it), never by its own 120 s
+/// timeout, and leaves no QP behind (checked with the rest of rc_ring). The same with a
+/// peer that falls silent (its RoCE frames dropped at the bridge, so no disconnect can
+/// reach the client): the WRITEs fail once the RC retries run out (the CM's retry count
+/// is 6: soft-RoCE would take 7 as "forever").
+#[test]
+fn vm_rc_ring_client_fails_cleanly_when_its_peer_dies() {
+    if skip("vm_rc_ring_client_fails_cleanly_when_its_peer_dies") {
+        return;
+    }
+    let either: &[&str] = &["peer disconnected", "completed with"];
+    for (case, says) in [
+        ("dead_server", either),
+        ("silent_server", &["completed with"][..]),
+    ] {
+        let v = &scenario("rc_ring")[case];
+        eprintln!("vm: rc_ring {case}: {v}");
+        assert_eq!(v["client_running_before_kill"], true, "{case}: {v}");
+        assert_eq!(
+            v["client_success"], false,
+            "{case}: the client exits non-zero: {v}"
+        );
+        let stderr = v["client_stderr"].as_str().expect("client stderr");
+        assert_eq!(
+            stderr.lines().count(),
+            1,
+            "{case}: one error line: {stderr}"
+        );
+        assert!(stderr.starts_with("rpingmesh-rc-ring: "), "{stderr}");
+        assert!(says.iter().any(|w| stderr.contains(w)), "{case}: {stderr}");
+        // Its own timeout is 120 s; the guest waited 90 s at most.
+        assert!(u(&v["client_exit_after_kill_ms"]) < 90_000, "{case}: {v}");
+    }
+}
+
+/// Agents' RC rings over a peer's life (rc_ring_peers): rings both ways on the ToR mesh
+/// with exact RTTs; the peer killed -9: its ring closes (its kernel disconnected it), no
+/// ring probe goes out while it is down, the agent lives on and its connects back off
+/// (doubling); the peer back under its identity: the ring is re-established and measures
+/// again.
+#[test]
+fn vm_agent_rings_survive_a_dead_peer_and_reconnect() {
+    if skip("vm_agent_rings_survive_a_dead_peer_and_reconnect") {
+        return;
+    }
+    let v = scenario("rc_ring_peers");
+    eprintln!(
+        "vm: rc_ring_peers: rings up after {} ms, closed {} ms after the kill, retries {}, \
+         reconnected {} ms after the restart; agent CPU {:.2}% with the ring up, {:.2}% with the peer dead",
+        v["rings_up_ms"],
+        v["closed_after_kill_ms"],
+        v["connect_retries_in_s"],
+        v["reconnected_after_restart_ms"],
+        v["a_cpu_pct_rings_up"].as_f64().unwrap_or(-1.0),
+        v["a_cpu_pct_peer_dead"].as_f64().unwrap_or(-1.0),
+    );
+    assert_eq!(v["error"], Value::Null, "{v}");
+    assert_eq!(
+        v["a_alive"], true,
+        "the agent lived through its peer's death: {v}"
+    );
+    assert!(
+        v["closed_line"].is_object(),
+        "no 'rc ring closed' within 30 s of the kill: {}",
+        v["a_ring_log"]
+    );
+    // Down for RC_PEERS_DOWN_SECS: first retry 2 s after the close, then back-offs of 4 and
+    // 8 s at least (16 s may or may not fit).
+    let retries: Vec<u64> = v["connect_retries_in_s"]
+        .as_array()
+        .expect("retries")
+        .iter()
+        .map(u)
+        .collect();
+    assert!(retries.len() >= 2, "{retries:?}: {}", v["a_ring_log"]);
+    assert!(
+        retries.windows(2).all(|w| w[1] == (w[0] * 2).min(120)),
+        "back-off doubles: {retries:?}"
+    );
+    assert!(
+        v["reconnected_after_restart_ms"].is_u64(),
+        "the ring never came back after the peer restarted: {}",
+        v["a_ring_log"]
+    );
+    let (killed, restarted) = (u(&v["killed_unix_ns"]), u(&v["restarted_unix_ns"]));
+    let a_gid = v["a_gid"].as_str().expect("gid");
+    let windows: Vec<&Value> = v["windows"]["windows"]
+        .as_array()
+        .expect("windows")
+        .iter()
+        .filter(|w| w["source"] == a_gid)
+        .collect();
+    let end = |w: &Value| u(&w["start"]) + u(&w["dur_ms"]) * 1_000_000;
+    let before: Vec<&&Value> = windows.iter().filter(|w| end(w) <= killed).collect();
+    // While the peer was down (its ring closed at once, a window's grace after the kill,
+    // until it came back): no ring probe sent into the void.
+    let down: Vec<&&Value> = windows
+        .iter()
+        .filter(|w| u(&w["start"]) >= killed + 2_000_000_000 && end(w) <= restarted)
+        .collect();
+    let after: Vec<&&Value> = windows
+        .iter()
+        .filter(|w| u(&w["start"]) >= restarted)
+        .collect();
+    let exact = |ws: &[&&Value]| ws.iter().filter(|w| u(&w["p50_ns"]) > 0).count();
+    assert!(
+        exact(&before) >= 1,
+        "no exact RTT before the kill: {windows:?}"
+    );
+    assert_eq!(
+        down.iter().map(|w| u(&w["total"])).sum::<u64>(),
+        0,
+        "ring probes while the peer was down: {down:?}"
+    );
+    assert!(
+        exact(&after) >= 1,
+        "no exact RTT after the restart: {windows:?}"
+    );
+}

@@ -340,7 +340,7 @@ pub fn client_scenario(
         }
         s => {
             return Err(format!(
-                "unknown scenario {s:?} (pipeline, batches, fragmented, rtt)"
+                "unknown scenario {s:?} (pipeline, stream, batches, fragmented, rtt)"
             ))
         }
     };

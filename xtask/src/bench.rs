@@ -25,8 +25,9 @@ pub struct BenchArgs {
     /// Length of the restart-and-fault soak, in seconds (quick mode: one cycle).
     #[arg(long, default_value_t = 600)]
     soak_sec: u64,
-    /// Re-measure one JSON bench binary (e.g. sim-eval) and replace its section and its
-    /// rows of the summary in the existing BENCHMARKS.md, leaving the rest as measured.
+    /// Re-measure one JSON bench binary (e.g. sim-eval), or the soft-RoCE guest's benches
+    /// (vm-rdma), and replace its section and its rows of the summary in the existing
+    /// BENCHMARKS.md, leaving the rest as measured.
     #[arg(long)]
     section: Option<String>,
 }
@@ -84,17 +85,26 @@ fn run_section(bin: &str, quick: bool) -> Result<()> {
         .map_or(md.len(), |i| start + heading.len() + i + 1);
     release_build()?;
     let args: &[&str] = if quick { &["--quick"] } else { &[] };
-    let lines = json_bench(bin, args, 1)?;
-    // The section: its first paragraph (the description) stays, the tables are new.
+    let lines = if bin == "vm-rdma" {
+        crate::vm::bench_lines()?
+    } else {
+        json_bench(bin, args, 1)?
+    };
+    // The section: its description as the code has it now (else the old one), new tables.
     let old = &md[start..end];
-    let intro_end = old.find("\n\n").map_or(old.len(), |i| {
-        old[i + 2..]
-            .find("\n\n")
-            .map_or(old.len(), |j| i + 2 + j + 2)
-    });
+    let intro = match section_intro(bin) {
+        "" => {
+            let intro_end = old.find("\n\n").map_or(old.len(), |i| {
+                old[i + 2..]
+                    .find("\n\n")
+                    .map_or(old.len(), |j| i + 2 + j + 2)
+            });
+            old[..intro_end].to_string()
+        }
+        what => format!("{heading}\n{what}.\n\n"),
+    };
     let section = format!(
-        "{}{}\n_Re-measured alone with `cargo xtask bench --section {bin}` on {}._\n\n",
-        &old[..intro_end],
+        "{intro}{}\n_Re-measured alone with `cargo xtask bench --section {bin}` on {}._\n\n",
         grouped_tables(&lines),
         today()
     );
@@ -262,7 +272,10 @@ fn section_intro(bin: &str) -> &'static str {
                 under TCG the kernel's rxe work runs in softirq and is billed partly to whoever is on the CPU. \
                 dead_peer_cost: the same rdma pair, the live target's probes/s alone vs with a registered dead GID (ibv_create_ah times out after about a second) on the prober's pinglist at the same rate. \
                 rc_ring_echo_rtt_rxe: the polled RC write ring's depth-one echo (rpingmesh-rc-ring, 32-byte messages, 5,000 round trips) against ib_write_lat's round trip (twice its typical one-way latency, 32 bytes, 5,000 iterations) between the same two GIDs, rounds alternated; \
-                rc_ring_throughput_rxe: 100,000 32-byte messages streamed through a 64 KiB ring (exact credits) against ib_write_bw's message rate at 32 bytes"
+                rc_ring_throughput_rxe: 100,000 32-byte messages streamed through a 64 KiB ring (exact credits) against ib_write_bw's message rate at 32 bytes. \
+                The ring's echo server spins between polls (--busy-poll) as ib_write_lat does. \
+                rc_ring_poller_cpu_rxe: two agents probing each other (UD at 10/s), each agent's CPU over 20 s with no RC ring and then with one ring each way \
+                at the defaults (a ring probe a second, 200 us lead, 1 ms hot wait): the cost of the ring poller's windows and its 100 ms cold checks"
             ,
 "sim-eval" => "Fault localization accuracy on the simulated fabric (`sim/`: the real probing core, aggregation and analyzer in virtual time; see `sim/src/eval.rs`). \
                 A suite of randomized, seeded scenarios (600 s each, 30 s windows) on four 512-RNIC fabric shapes (64 ToRs x 4 spines x 4 hosts x 2 RNICs; 32 x 8 x 4 x 4; 64 x 8 x 2 x 4; 256 x 4 x 1 x 2, ToRs of two RNICs), \

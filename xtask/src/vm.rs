@@ -239,6 +239,7 @@ pub fn rdma_lines(v: &Value) -> Result<Vec<Map<String, Value>>> {
     Ok(lines
         .into_iter()
         .chain(rc_ring_lines(&v["rc_ring"]))
+        .chain(rc_ring_cpu_lines(&v["rc_ring_cpu"]))
         .chain(load_lines(&v["load"]))
         .map(|l| match l {
             Value::Object(m) => m,
@@ -278,6 +279,31 @@ pub fn rc_ring_lines(rounds: &Value) -> Vec<Value> {
                "baseline": "ib_write_bw message rate, same GIDs",
                "baseline_msgs_per_sec": bw_rate,
                "ratio_to_baseline": if bw_rate > 0.0 { ring_rate / bw_rate } else { 0.0 }}),
+    ]
+}
+
+/// The ring poller's CPU: the same two agents with no ring, then with one ring each way
+/// (pure; nothing when the guest did not run it).
+pub fn rc_ring_cpu_lines(runs: &Value) -> Vec<Value> {
+    let cpu = |lists: &str| -> Option<(f64, &Value)> {
+        let r = runs
+            .as_array()?
+            .iter()
+            .find(|r| r["rc_ring_pinglists"] == lists)?;
+        let c = r["agent_cpu_pct"].as_array()?;
+        let sum: f64 = c.iter().filter_map(Value::as_f64).sum();
+        Some((sum / c.len().max(1) as f64, r))
+    };
+    let (Some((none, _)), Some((rings, r))) = (cpu("service"), cpu("tor_mesh")) else {
+        return Vec::new();
+    };
+    vec![
+        json!({"bench": "rc_ring_poller_cpu_rxe", "unit": "% of a core per agent",
+                "rings_per_agent": 1, "ring_probe_interval_ms": 1000,
+                "agent_cpu_pct_no_rings": none, "agent_cpu_pct_with_rings": rings,
+                "ring_cost_pct": rings - none,
+                "ring_probes_reported": r["ring_probes"],
+                "ratio_with_to_without": if none > 0.0 { rings / none } else { 0.0 }}),
     ]
 }
 
@@ -408,5 +434,40 @@ mod tests {
             (Some(300.0), Some(900.0))
         );
         assert!(rdma_lines(&json!({"rounds": [{"agent": {}}]})).is_err());
+    }
+
+    #[test]
+    fn rc_ring_lines_double_ib_write_lat_and_skip_failed_rounds() {
+        let rounds = json!([
+            {"ring_rtt_p50_ns": 300000, "ring_rtt_p99_ns": 900000, "ib_write_lat_typical_us": 150.0,
+             "ring_msgs_per_sec": 4000, "ib_write_bw_mpps": 0.008},
+            {"error": "ring client did not finish"},
+            {"ring_rtt_p50_ns": 200000, "ring_rtt_p99_ns": 800000, "ib_write_lat_typical_us": 100.0,
+             "ring_msgs_per_sec": 6000, "ib_write_bw_mpps": 0.010},
+            {"ring_rtt_p50_ns": 250000, "ring_rtt_p99_ns": 700000, "ib_write_lat_typical_us": 125.0,
+             "ring_msgs_per_sec": 5000, "ib_write_bw_mpps": 0.012},
+        ]);
+        let l = rc_ring_lines(&rounds);
+        assert_eq!(l[0]["rounds"], 3);
+        assert_eq!(l[0]["ring_p50_ns"], 250000.0);
+        assert_eq!(l[0]["baseline_ns"], 250000.0);
+        assert_eq!(l[0]["ratio_to_baseline"], 1.0);
+        assert_eq!(l[1]["baseline_msgs_per_sec"], 10000.0);
+        assert_eq!(l[1]["ratio_to_baseline"], 0.5);
+        assert!(rc_ring_lines(&json!([{"error": "x"}])).is_empty());
+    }
+
+    #[test]
+    fn rc_ring_cpu_lines_compare_with_and_without_rings() {
+        let runs = json!([
+            {"rc_ring_pinglists": "service", "agent_cpu_pct": [2.0, 4.0], "ring_probes": 0},
+            {"rc_ring_pinglists": "tor_mesh", "agent_cpu_pct": [4.0, 5.0], "ring_probes": 38},
+        ]);
+        let l = rc_ring_cpu_lines(&runs);
+        assert_eq!(l[0]["agent_cpu_pct_no_rings"], 3.0);
+        assert_eq!(l[0]["agent_cpu_pct_with_rings"], 4.5);
+        assert_eq!(l[0]["ring_cost_pct"], 1.5);
+        assert_eq!(l[0]["ratio_with_to_without"], 1.5);
+        assert!(rc_ring_cpu_lines(&json!(null)).is_empty());
     }
 }

@@ -556,20 +556,11 @@ impl Poller {
                     continue;
                 }
                 any_hot = true;
-                match o.ring.try_recv(&mut buf) {
-                    Ok(Some(n)) => {
-                        let t = self.start.elapsed().as_nanos() as u64;
-                        match EchoMsg::decode(&buf[..n]) {
-                            Ok(m) => {
-                                if let Some(outcome) = o.prober.on_echo(m, true, t) {
-                                    record(&self.metrics, &mut self.windows, &o.paths, &outcome);
-                                }
-                            }
-                            Err(e) => bad_message(&mut self.bad_messages, &e.to_string()),
-                        }
-                    }
-                    Ok(None) => {}
-                    Err(e) => failed.push((w.clone(), e.to_string())),
+                let (metrics, windows) = (&self.metrics, &mut self.windows);
+                if let Err(e) = take_echo(o, &mut buf, true, self.start, &mut self.bad_messages)
+                    .map(|outcome| outcome.map(|x| record(metrics, windows, &o.paths, &x)))
+                {
+                    failed.push((w.clone(), e));
                 }
             }
             for (w, e) in failed {
@@ -597,26 +588,22 @@ impl Poller {
         }
     }
 
-    /// One check of every ring: messages outside any window, completions, idle rings.
+    /// One check of every ring: messages outside any window, completions, a peer that
+    /// disconnected, idle rings.
     fn cold_pass(&mut self) {
         let mut buf = [0u8; MAX_PAYLOAD];
-        let now = self.mono_ns();
         let mut failed = Vec::new();
         for (w, o) in self.out.iter_mut() {
+            let (metrics, windows) = (&self.metrics, &mut self.windows);
             let r = o
                 .ring
                 .poll_completions()
-                .and_then(|_| o.ring.try_recv(&mut buf));
-            match r {
-                Ok(Some(n)) => {
-                    if let Ok(m) = EchoMsg::decode(&buf[..n]) {
-                        if let Some(outcome) = o.prober.on_echo(m, false, now) {
-                            record(&self.metrics, &mut self.windows, &o.paths, &outcome);
-                        }
-                    }
-                }
-                Ok(None) => {}
-                Err(e) => failed.push((w.clone(), e.to_string())),
+                .and_then(|_| o.ring.check_peer())
+                .map_err(|e| e.to_string())
+                .and_then(|_| take_echo(o, &mut buf, false, self.start, &mut self.bad_messages))
+                .map(|outcome| outcome.map(|x| record(metrics, windows, &o.paths, &x)));
+            if let Err(e) = r {
+                failed.push((w.clone(), e));
             }
         }
         for (w, e) in failed {
@@ -627,6 +614,7 @@ impl Poller {
             let r = i
                 .ring
                 .poll_completions()
+                .and_then(|_| i.ring.check_peer())
                 .map_err(|e| e.to_string())
                 .and_then(|_| respond(i, &mut buf, false, self.start, &mut self.bad_messages));
             if let Err(e) = r {
@@ -646,6 +634,28 @@ impl Poller {
             if let Some(sink) = &self.sink {
                 sink.offer(s);
             }
+        }
+    }
+}
+
+/// Polls one outbound ring once: the peer's echo of our probe, if it came, and the
+/// outcome it completes (`hot`: polled inside the probe's window).
+fn take_echo(
+    o: &mut OutRing,
+    buf: &mut [u8; MAX_PAYLOAD],
+    hot: bool,
+    start: Instant,
+    bad: &mut u64,
+) -> Result<Option<Outcome>, String> {
+    let Some(n) = o.ring.try_recv(buf).map_err(|e| e.to_string())? else {
+        return Ok(None);
+    };
+    let at_ns = start.elapsed().as_nanos() as u64;
+    match EchoMsg::decode(&buf[..n]) {
+        Ok(m) => Ok(o.prober.on_echo(m, hot, at_ns)),
+        Err(e) => {
+            bad_message(bad, &e.to_string());
+            Ok(None)
         }
     }
 }

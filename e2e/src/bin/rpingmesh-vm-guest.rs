@@ -56,7 +56,7 @@ fn main() {
     let names: Vec<&str> = match &only {
         Some(o) => SCENARIOS
             .iter()
-            .chain(&[BENCH_SCENARIO])
+            .chain(&[BENCH_SCENARIO, BENCH_RC_RING])
             .copied()
             .filter(|n| o.iter().any(|s| s == n))
             .collect(),
@@ -75,7 +75,9 @@ fn main() {
                 "rdma_faults" => rdma_faults(&dir).await,
                 "hostping" => hostping(&dir).await,
                 "rc_ring" => rc_ring(&dir).await,
+                "rc_ring_peers" => rc_ring_peers(&dir).await,
                 BENCH_SCENARIO => bench_rdma(&dir).await,
+                BENCH_RC_RING => bench_rc_ring(&dir),
                 _ => bail!("unknown scenario"),
             }
         });
@@ -224,6 +226,18 @@ fn log_line(log: &str, message: &str) -> Option<Value> {
     log.lines()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
         .find(|v| v["fields"]["message"] == message)
+}
+
+/// The first JSON log line whose message starts with `prefix` (messages that carry an
+/// error after a colon).
+fn log_line_starting(log: &str, prefix: &str) -> Option<Value> {
+    log.lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| {
+            v["fields"]["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with(prefix))
+        })
 }
 
 /// Waits until the controller lists `n` RNICs.
@@ -1164,7 +1178,8 @@ async fn rc_ring_windows(endpoint: &str) -> Value {
             let r = s.rc_ring?;
             Some(json!({
                 "source": s.source_gid, "target": s.target_gid, "type": s.pinglist_type,
-                "service": s.service, "start": s.window_start_unix_ns, "ud_total": s.probe_total,
+                "service": s.service, "start": s.window_start_unix_ns,
+                "dur_ms": s.window_duration_ms, "ud_total": s.probe_total,
                 "total": r.probe_total, "lost": r.probe_lost, "late": r.probe_late,
                 "min_ns": r.network_rtt_min_ns, "p50_ns": r.network_rtt_p50_ns,
                 "responder_p50_ns": r.responder_delay_p50_ns,
@@ -1313,17 +1328,94 @@ async fn bench_rdma(dir: &Path) -> Result<Value> {
     Proc::stop_all(&mut agents);
     drop(ctl);
     let load = bench_load(dir, g).await?;
+    let rc_ring_cpu = bench_rc_ring_cpu(dir, g).await?;
     let rc_ring = (0..BENCH_ROUNDS)
         .map(|round| rc_ring_bench_round(dir, g, round))
         .collect::<Vec<_>>();
     Ok(json!({
         "rc_ring": rc_ring,
+        "rc_ring_cpu": rc_ring_cpu,
         "rounds": rounds,
         "service_path_latency_ms": latencies_ms,
         "qps": rtr.len(),
         "report_interval_ms": BENCH_REPORT_INTERVAL_MS,
         "load": load,
     }))
+}
+
+/// The ring poller's CPU: two agents (each probes the other and answers it) with no ring
+/// (`rc_ring_pinglists: service`, and no service runs), then with a ring each way on their
+/// ToR mesh; the defaults otherwise (1 s ring probes, 200 us lead, 1 ms hot wait), UD probes
+/// at 10/s in both. CPU of each agent over `RC_CPU_SECS`, after a warm-up.
+async fn bench_rc_ring_cpu(dir: &Path, g: [u32; 2]) -> Result<Value> {
+    let mut runs = Vec::new();
+    for lists in ["service", "tor_mesh"] {
+        let ctl = spawn_controller(
+            dir,
+            &format!("controller-rc-cpu-{lists}"),
+            None,
+            "127.0.0.1:0",
+            &["--metrics-enabled", "false"],
+        )?;
+        let extra = rc_peer_args(lists, 1000, false);
+        let mut agents = Vec::new();
+        for i in 0..2 {
+            agents.push(rdma_agent(
+                dir,
+                &format!("rc-cpu-{lists}-{i}"),
+                RC_PEERS_TOR,
+                &ctl,
+                SVC_DEVICES[i],
+                g[i],
+                &extra,
+            )?);
+        }
+        wait_rnics(&ctl.endpoint(), 2, Duration::from_secs(60)).await?;
+        if lists == "tor_mesh" {
+            for p in &agents {
+                wait_for(
+                    Duration::from_secs(60),
+                    Duration::from_millis(200),
+                    || async { (count_lines(&p.stderr(), "rc ring connected") >= 1).then_some(()) },
+                )
+                .await
+                .with_context(|| format!("{}: no RC ring within 60 s", p.name))?;
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let cpu0: Vec<f64> = agents.iter().map(|a| cpu_seconds(a.pid())).collect();
+        let w0 = Instant::now();
+        tokio::time::sleep(Duration::from_secs(RC_CPU_SECS)).await;
+        let secs = w0.elapsed().as_secs_f64();
+        let cpu: Vec<f64> = agents
+            .iter()
+            .zip(&cpu0)
+            .map(|(a, c0)| 100.0 * (cpu_seconds(a.pid()) - c0) / secs)
+            .collect();
+        let windows = rc_ring_windows(&ctl.endpoint()).await;
+        Proc::stop_all(&mut agents);
+        runs.push(json!({
+            "rc_ring_pinglists": lists, "agent_cpu_pct": cpu, "secs": secs,
+            "ring_windows": windows["windows"].as_array().map_or(0, Vec::len),
+            "ring_probes": windows["windows"].as_array().map_or(0, |w| w
+                .iter()
+                .map(|w| w["total"].as_u64().unwrap_or(0))
+                .sum::<u64>()),
+        }));
+    }
+    Ok(json!(runs))
+}
+
+/// Only the RC ring rounds of `bench_rdma` (`--only bench_rc_ring`): for working on them.
+const BENCH_RC_RING: &str = "bench_rc_ring";
+
+fn bench_rc_ring(dir: &Path) -> Result<Value> {
+    svc_network()?;
+    let g = [svc_gid_index(0), svc_gid_index(1)];
+    let rc_ring = (0..BENCH_ROUNDS)
+        .map(|round| rc_ring_bench_round(dir, g, round))
+        .collect::<Vec<_>>();
+    Ok(json!({ "rc_ring": rc_ring }))
 }
 
 /// One round of the RC ring bench between the two service devices, each measurement next
@@ -1344,6 +1436,9 @@ fn rc_ring_bench_round(dir: &Path, g: [u32; 2], round: u32) -> Value {
         .to_vec();
         if sink {
             sargs.push("--sink".into());
+        } else {
+            // Like ib_write_lat's, the echoing side spins rather than sleeps.
+            sargs.push("--busy-poll".into());
         }
         let mut server = Proc::spawn(
             dir,
@@ -2175,6 +2270,10 @@ async fn rc_ring(dir: &Path) -> Result<Value> {
             "elapsed_ms": started.elapsed().as_millis() as u64,
         });
     }
+    // A peer that dies (its kernel disconnects it) and one that falls silent (its RoCE
+    // frames dropped at the bridge: no disconnect can arrive, only the RC retries end it).
+    v["dead_server"] = rc_ring_dead_server(dir, server_ip, client_ip, false)?;
+    v["silent_server"] = rc_ring_dead_server(dir, server_ip, client_ip, true)?;
     v["qps_left"] = json!(res_qp()
         .as_array()
         .map(|a| a
@@ -2183,4 +2282,244 @@ async fn rc_ring(dir: &Path) -> Result<Value> {
             .count())
         .unwrap_or(0));
     Ok(v)
+}
+
+/// A peer lost with its ring established, while the client pipelines: the echo server
+/// killed -9, or (`silent`) every RoCE frame to and from it dropped at the bridge. The
+/// client must end with one error line (the CM's disconnect, or a WRITE failed after the
+/// RC retries), not wait out its timeout.
+fn rc_ring_dead_server(
+    dir: &Path,
+    server_ip: std::net::Ipv4Addr,
+    client_ip: std::net::Ipv4Addr,
+    silent: bool,
+) -> Result<Value> {
+    let (port, what) = if silent {
+        (7691, "silent")
+    } else {
+        (7690, "dead")
+    };
+    let mut server = Proc::spawn(
+        dir,
+        &format!("rc-ring-serve-{what}"),
+        None,
+        &bin("rpingmesh-rc-ring"),
+        &[
+            "serve",
+            "--bind",
+            &format!("{server_ip}:{port}"),
+            "--timeout-sec",
+            "120",
+        ]
+        .map(String::from),
+    )?;
+    wait_cm_listening(port, Duration::from_secs(20))?;
+    let mut client = Proc::spawn(
+        dir,
+        &format!("rc-ring-run-{what}"),
+        None,
+        &bin("rpingmesh-rc-ring"),
+        &[
+            "run",
+            "--dst",
+            &format!("{server_ip}:{port}"),
+            "--src",
+            &client_ip.to_string(),
+            "--timeout-sec",
+            "120",
+            "pipeline",
+            "100000000",
+        ]
+        .map(String::from),
+    )?;
+    // Messages flowing: the server's QP exists and some seconds passed.
+    std::thread::sleep(Duration::from_secs(3));
+    let running_before_kill = client.alive();
+    let killed = Instant::now();
+    let silenced = if silent {
+        let port = format!("{}p", SVC_NETDEVS[1]);
+        nft_apply(&format!(
+            "table bridge rcsilent {{\n chain f {{\n  type filter hook forward priority 0; policy accept;\n  \
+             iifname \"{port}\" udp dport 4791 drop\n  oifname \"{port}\" udp dport 4791 drop\n }}\n}}\n"
+        ))
+    } else {
+        server.signal(libc::SIGKILL);
+        server.wait_exit(Duration::from_secs(10));
+        Ok(())
+    };
+    let exit = match silenced {
+        Ok(()) => client.wait_exit(Duration::from_secs(90)),
+        Err(_) => None,
+    };
+    if silent {
+        let _ = sh(&["nft", "delete", "table", "bridge", "rcsilent"]);
+        server.signal(libc::SIGKILL);
+        server.wait_exit(Duration::from_secs(10));
+    }
+    silenced?;
+    Ok(json!({
+        "client_running_before_kill": running_before_kill,
+        "client_exit": exit.map(|s| s.to_string()),
+        "client_success": exit.map(|s| s.success()),
+        "client_exit_after_kill_ms": exit.map(|_| killed.elapsed().as_millis() as u64),
+        "client_stderr": client.stderr().trim(),
+    }))
+}
+
+/// The rc_ring_peers agents: RC rings to their ToR mesh, several probes per window,
+/// the windows of the service scenario (TCG's sleeps overshoot).
+/// `tcg_windows`: polling windows wide enough for TCG's late wake-ups (else the defaults).
+fn rc_peer_args(
+    rc_lists: &str,
+    interval_ms: u64,
+    tcg_windows: bool,
+) -> Vec<(&'static str, String)> {
+    let mut a = vec![
+        ("--service-tracing-mode", "off".into()),
+        ("--analysis-window-sec", "2".into()),
+        ("--pinglist-update-interval-sec", "3".into()),
+        ("--tor-mesh-probe-rate-per-second", "10".into()),
+        ("--rc-ring-pinglists", rc_lists.into()),
+        ("--rc-ring-probe-interval-ms", interval_ms.to_string()),
+        (
+            "--rc-ring-probe-timeout-ms",
+            interval_ms.min(500).to_string(),
+        ),
+    ];
+    if tcg_windows {
+        a.push(("--rc-ring-poll-lead-us", "20000".into()));
+        a.push(("--rc-ring-hot-wait-us", "50000".into()));
+    }
+    a
+}
+
+fn count_lines(log: &str, message: &str) -> usize {
+    log.lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["fields"]["message"] == message)
+        .count()
+}
+
+/// Agents' RC rings over a peer's life: agents A and B hold rings to each other (their
+/// ToR mesh); B is killed -9 with its ring established and stays down for
+/// `RC_PEERS_DOWN_SECS` (A's connects back off meanwhile), then B starts again under the
+/// same identity and A's ring comes back. Reports A's log lines about its ring and every
+/// window A reported over rings, with the times of the kill and the restart.
+async fn rc_ring_peers(dir: &Path) -> Result<Value> {
+    svc_network()?;
+    let g = [svc_gid_index(0), svc_gid_index(1)];
+    let ctl = spawn_controller(
+        dir,
+        "controller",
+        None,
+        "127.0.0.1:0",
+        &["--metrics-enabled", "false"],
+    )?;
+    let ep = ctl.endpoint();
+    let extra = rc_peer_args("tor_mesh", RC_PEERS_INTERVAL_MS, true);
+    let agent =
+        |id: &str, i: usize| rdma_agent(dir, id, RC_PEERS_TOR, &ctl, SVC_DEVICES[i], g[i], &extra);
+    let mut a = agent("rc-a", 0)?;
+    let mut b = agent("rc-b", 1)?;
+    wait_rnics(&ep, 2, Duration::from_secs(60)).await?;
+    let t0 = Instant::now();
+    for p in [&a, &b] {
+        wait_for(
+            Duration::from_secs(60),
+            Duration::from_millis(200),
+            || async { (count_lines(&p.stderr(), "rc ring connected") >= 1).then_some(()) },
+        )
+        .await
+        .with_context(|| format!("{}: no RC ring within 60 s", p.name))?;
+    }
+    let rings_up_ms = t0.elapsed().as_millis() as u64;
+    let (cpu0, w0) = (cpu_seconds(a.pid()), Instant::now());
+    tokio::time::sleep(Duration::from_secs(RC_PEERS_STEADY_SECS)).await;
+    let a_cpu_pct_up = 100.0 * (cpu_seconds(a.pid()) - cpu0) / w0.elapsed().as_secs_f64();
+
+    // The controller keeps a path's last 20 windows: take the early ones now.
+    let early = rc_ring_windows(&ep).await;
+    let killed_unix_ns = unix_ns_now();
+    let killed = Instant::now();
+    b.signal(libc::SIGKILL);
+    b.wait_exit(Duration::from_secs(10));
+    let b_first_log = b.stderr();
+    let closed = wait_for(
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || async {
+            log_line_starting(&a.stderr(), "rc ring closed")
+                .map(|l| (l, killed.elapsed().as_millis() as u64))
+        },
+    )
+    .await;
+    let (cpu0, w0) = (cpu_seconds(a.pid()), Instant::now());
+    tokio::time::sleep(Duration::from_secs(RC_PEERS_DOWN_SECS).saturating_sub(killed.elapsed()))
+        .await;
+    let a_cpu_pct_down = 100.0 * (cpu_seconds(a.pid()) - cpu0) / w0.elapsed().as_secs_f64();
+    let down_log = a.stderr();
+    let retries: Vec<Value> = down_log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| {
+            v["fields"]["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("rc ring: connect failed"))
+        })
+        .map(|v| v["fields"]["retry_in_s"].clone())
+        .collect();
+
+    let restarted_unix_ns = unix_ns_now();
+    let restarted = Instant::now();
+    b = agent("rc-b", 1)?;
+    let reconnected_ms = wait_for(
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async {
+            (count_lines(&a.stderr(), "rc ring connected") >= 2)
+                .then(|| restarted.elapsed().as_millis() as u64)
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(RC_PEERS_STEADY_SECS)).await;
+    let a_alive = a.alive();
+    let a_gid = v4_gid(SVC_IPS[0]);
+    let mut windows = rc_ring_windows(&ep).await;
+    let mut seen = BTreeMap::new();
+    for w in [&early, &windows]
+        .iter()
+        .filter_map(|v| v["windows"].as_array())
+        .flatten()
+    {
+        let key = (
+            w["source"].to_string(),
+            w["target"].to_string(),
+            w["start"].to_string(),
+        );
+        seen.entry(key).or_insert_with(|| w.clone());
+    }
+    windows["windows"] = json!(seen.into_values().collect::<Vec<_>>());
+    Proc::stop_all([&mut a, &mut b]);
+    let a_log = a.stderr();
+    let ring_lines: Vec<&str> = a_log
+        .lines()
+        .filter(|l| l.contains("rc ring"))
+        .take(40)
+        .collect();
+    Ok(json!({
+        "rings_up_ms": rings_up_ms,
+        "killed_unix_ns": killed_unix_ns,
+        "closed_line": closed.as_ref().map(|c| c.0.clone()),
+        "closed_after_kill_ms": closed.map(|c| c.1),
+        "connect_retries_in_s": retries,
+        "restarted_unix_ns": restarted_unix_ns,
+        "reconnected_after_restart_ms": reconnected_ms,
+        "a_alive": a_alive,
+        "a_cpu_pct_rings_up": a_cpu_pct_up,
+        "a_cpu_pct_peer_dead": a_cpu_pct_down,
+        "a_gid": a_gid,
+        "windows": windows,
+        "a_ring_log": ring_lines,
+        "b_first_connected": count_lines(&b_first_log, "rc ring connected"),
+    }))
 }

@@ -4,6 +4,8 @@
 //!
 //! rpingmesh-rc-ring serve --bind IP:PORT [--budget BYTES] [--connections N] [--sink] [--timeout-sec S]
 //!   (--sink: check the client's one-way `stream` instead of echoing)
+//!   (--busy-poll, serve or run: never sleep between empty polls, as perftest's latency
+//!    tools do; for latency runs against ib_write_lat)
 //! rpingmesh-rc-ring run --dst IP:PORT [--src IP] [--budget BYTES] [--timeout-sec S] SCENARIO..
 //!   SCENARIO: pipeline N | stream N | batches N BATCH | fragmented N SIZE | rtt WARMUP N
 //!             | reconnect CYCLES N   (each cycle: connect, N echoed messages, disconnect)
@@ -25,6 +27,7 @@ struct Args {
     timeout: Duration,
     /// serve: check a one-way stream instead of echoing.
     sink: bool,
+    busy_poll: bool,
     scenario: Vec<String>,
 }
 
@@ -39,6 +42,7 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
         connections: 1,
         timeout: Duration::from_secs(60),
         sink: false,
+        busy_poll: false,
         scenario: Vec::new(),
     };
     while let Some(k) = it.next() {
@@ -53,6 +57,7 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
                     .map_err(|e| format!("--budget: {e}"))?
             }
             "--sink" => a.sink = true,
+            "--busy-poll" => a.busy_poll = true,
             "--connections" => {
                 a.connections = val("--connections")?
                     .parse()
@@ -106,6 +111,7 @@ fn serve(a: &Args) -> Result<String, String> {
     let (mut echoed, mut credit_reads) = (0u64, 0u64);
     for _ in 0..a.connections {
         let mut ring = RcRing::accept(&listener, a.timeout, &opts(a)).map_err(|e| e.to_string())?;
+        ring.set_busy_poll(a.busy_poll);
         echoed += if a.sink {
             stress::serve_sink(&mut ring, a.timeout)?
         } else {
@@ -148,6 +154,7 @@ fn run(a: &Args) -> Result<String, String> {
         ));
     }
     let (mut ring, attempts) = connect(a, src, dst)?;
+    ring.set_busy_poll(a.busy_poll);
     let line = stress::client_scenario(&mut ring, &a.scenario, a.timeout)?;
     let credit_reads = ring.credit_reads();
     let device = ring.device().to_string();

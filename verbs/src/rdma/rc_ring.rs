@@ -29,6 +29,8 @@ pub enum RingError {
     Geometry(#[from] GeometryError),
     #[error("rc ring: {0}")]
     Send(SendError),
+    #[error("rc ring on {device}: the peer disconnected")]
+    PeerGone { device: String },
     #[error("rc ring on {device}: {what} work request {wr_id} completed with {status}")]
     Completion {
         device: String,
@@ -90,6 +92,8 @@ pub struct RcRing {
     /// A completion error seen while idle, reported by the next send or receive.
     failed: Option<String>,
     idle_streak: u32,
+    /// Spin in `idle` instead of sleeping after a streak (latency runs, like perftest's).
+    busy_poll: bool,
     conn: CmConn,
 }
 
@@ -133,8 +137,15 @@ impl RcRing {
             credit_reads: 0,
             failed: None,
             idle_streak: 0,
+            busy_poll: false,
             conn,
         }
+    }
+
+    /// Makes `idle` spin on the completion queue rather than sleep 20 us after a streak
+    /// of empty polls: a latency run's server, where a sleep would be measured.
+    pub fn set_busy_poll(&mut self, on: bool) {
+        self.busy_poll = on;
     }
 
     /// Connects to a ring listener at `dst` (each CM step within `o.cm_timeout`).
@@ -263,6 +274,19 @@ impl RcRing {
         Ok(self.receiver.recv(self.local, out)?)
     }
 
+    /// Fails once the peer has disconnected: a process that exits or dies has its
+    /// connection torn down by its kernel, which tells ours at once. Never blocks. (A
+    /// dead host tells nothing: then the next WRITE fails after the RC retries, in
+    /// `poll_completions`.)
+    pub fn check_peer(&mut self) -> Result<(), RingError> {
+        if self.conn.peer_disconnected()? {
+            return Err(RingError::PeerGone {
+                device: self.device().to_string(),
+            });
+        }
+        Ok(())
+    }
+
     /// Disconnects (waits for the DISCONNECTED event).
     pub fn disconnect(mut self, timeout: Duration) -> Result<(), RingError> {
         Ok(self.conn.disconnect(timeout)?)
@@ -304,7 +328,12 @@ impl rpingmesh_rc_ring::stress::RingLink for RcRing {
         // A long idle streak sleeps a little: the test tool must not starve a software
         // RNIC (soft-RoCE) that moves the bytes on these same CPUs.
         self.idle_streak += 1;
-        if self.idle_streak > 16 {
+        if self.idle_streak.is_multiple_of(1024) {
+            if let Err(e) = self.check_peer() {
+                self.failed.get_or_insert(e.to_string());
+            }
+        }
+        if self.idle_streak > 16 && !self.busy_poll {
             std::thread::sleep(Duration::from_micros(20));
         } else {
             std::hint::spin_loop();

@@ -136,6 +136,35 @@ impl EventChannel {
     pub fn next(&self, timeout: Duration) -> Result<CmEvent, RdmaError> {
         let deadline = Instant::now() + timeout;
         loop {
+            if let Some(ev) = self.try_next()? {
+                return Ok(ev);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(cm_err(
+                    "rdma_get_cm_event",
+                    io::Error::new(io::ErrorKind::TimedOut, "no CM event in time"),
+                ));
+            }
+            let mut pfd = libc::pollfd {
+                fd: self.fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd.
+            unsafe {
+                libc::poll(
+                    &mut pfd,
+                    1,
+                    left.as_millis().clamp(1, i32::MAX as u128) as i32,
+                )
+            };
+        }
+    }
+
+    /// The event queued now, if any (never blocks).
+    pub fn try_next(&self) -> Result<Option<CmEvent>, RdmaError> {
+        {
             let mut ev: *mut rdma_cm_event = ptr::null_mut();
             // SAFETY: valid channel; non-blocking fd, so EAGAIN when nothing is queued.
             let r = unsafe { rdma_get_cm_event(self.ch.as_ptr(), &mut ev) };
@@ -161,33 +190,14 @@ impl EventChannel {
                         private_data,
                     };
                     rdma_ack_cm_event(ev);
-                    return Ok(out);
+                    return Ok(Some(out));
                 }
             }
             let err = io::Error::last_os_error();
             if err.raw_os_error() != Some(libc::EAGAIN) {
                 return Err(cm_err("rdma_get_cm_event", err));
             }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(cm_err(
-                    "rdma_get_cm_event",
-                    io::Error::new(io::ErrorKind::TimedOut, "no CM event in time"),
-                ));
-            }
-            let mut pfd = libc::pollfd {
-                fd: self.fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one valid pollfd.
-            unsafe {
-                libc::poll(
-                    &mut pfd,
-                    1,
-                    left.as_millis().clamp(1, i32::MAX as u128) as i32,
-                )
-            };
+            Ok(None)
         }
     }
 
@@ -377,7 +387,10 @@ fn conn_param(private: &[u8]) -> rdma_conn_param {
         responder_resources: 1,
         initiator_depth: 1,
         flow_control: 0,
-        retry_count: 7,
+        // 6, not 7: soft-RoCE takes a transport retry count of 7 as "retry forever" (as
+        // the RNR count's 7 is), so a WRITE to a dead peer would never fail and its ring
+        // never close. 6 retries of the CM's ack timeout bound that to seconds anywhere.
+        retry_count: 6,
         // No receive work requests exist, so RNR never happens; retry anyway.
         rnr_retry_count: 7,
         srq: 0,
@@ -603,8 +616,27 @@ impl CmConn {
         self.wait_disconnected(timeout)
     }
 
+    /// Whether the peer has torn the connection down (a DISCONNECTED event is queued on
+    /// this connection's own channel: the kernel sends the peer's DREQ when its process
+    /// exits or dies). Never blocks; other events are dropped.
+    pub fn peer_disconnected(&mut self) -> Result<bool, RdmaError> {
+        if !self.established {
+            return Ok(true);
+        }
+        while let Some(ev) = self.id._ch.try_next()? {
+            if ev.kind == EV_DISCONNECTED && ev.id == self.id.id.as_ptr() {
+                self.established = false;
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
     /// Waits for the peer's disconnect (the server side of a teardown).
     pub fn wait_disconnected(&mut self, timeout: Duration) -> Result<(), RdmaError> {
+        if !self.established {
+            return Ok(()); // seen already (`peer_disconnected`)
+        }
         let deadline = Instant::now() + timeout;
         loop {
             let ev = self
