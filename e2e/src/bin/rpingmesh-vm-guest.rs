@@ -1372,15 +1372,7 @@ async fn bench_rc_ring_cpu(dir: &Path, g: [u32; 2]) -> Result<Value> {
         }
         wait_rnics(&ctl.endpoint(), 2, Duration::from_secs(60)).await?;
         if lists == "tor_mesh" {
-            for p in &agents {
-                wait_for(
-                    Duration::from_secs(60),
-                    Duration::from_millis(200),
-                    || async { (count_lines(&p.stderr(), "rc ring connected") >= 1).then_some(()) },
-                )
-                .await
-                .with_context(|| format!("{}: no RC ring within 60 s", p.name))?;
-            }
+            wait_rings_up(agents.iter()).await?;
         }
         tokio::time::sleep(Duration::from_secs(5)).await;
         let cpu0: Vec<f64> = agents.iter().map(|a| cpu_seconds(a.pid())).collect();
@@ -2393,6 +2385,20 @@ fn rc_peer_args(
     a
 }
 
+/// Waits (up to 60 s each) until every agent has logged a ring of its own connected.
+async fn wait_rings_up(agents: impl IntoIterator<Item = &Proc>) -> Result<()> {
+    for p in agents {
+        wait_for(
+            Duration::from_secs(60),
+            Duration::from_millis(200),
+            || async { (count_lines(&p.stderr(), "rc ring connected") >= 1).then_some(()) },
+        )
+        .await
+        .with_context(|| format!("{}: no RC ring within 60 s", p.name))?;
+    }
+    Ok(())
+}
+
 fn count_lines(log: &str, message: &str) -> usize {
     log.lines()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
@@ -2423,15 +2429,7 @@ async fn rc_ring_peers(dir: &Path) -> Result<Value> {
     let mut b = agent("rc-b", 1)?;
     wait_rnics(&ep, 2, Duration::from_secs(60)).await?;
     let t0 = Instant::now();
-    for p in [&a, &b] {
-        wait_for(
-            Duration::from_secs(60),
-            Duration::from_millis(200),
-            || async { (count_lines(&p.stderr(), "rc ring connected") >= 1).then_some(()) },
-        )
-        .await
-        .with_context(|| format!("{}: no RC ring within 60 s", p.name))?;
-    }
+    wait_rings_up([&a, &b]).await?;
     let rings_up_ms = t0.elapsed().as_millis() as u64;
     let (cpu0, w0) = (cpu_seconds(a.pid()), Instant::now());
     tokio::time::sleep(Duration::from_secs(RC_PEERS_STEADY_SECS)).await;
