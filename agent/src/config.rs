@@ -223,6 +223,8 @@ config_table! {
         rc_ring_hot_wait_us: u64 = 1000, flag u64;
         /// The responder polls continuously from this long before a probe its peer announced (and as long after, at least 1 ms).
         rc_ring_poll_lead_us: u64 = 200, flag u64;
+        /// Rings' RC ACK timeout exponent: 4.096 us x 2^N per try, and a silent peer's ring closes after 7 tries (0: the RDMA-CM's default, from the path's packet lifetime; 14 is 67 ms a try).
+        rc_ring_ack_timeout_exp: u8 = 0, flag u8;
     }
 }
 
@@ -445,6 +447,12 @@ impl AgentConfig {
         }
         if self.rc_ring_port == 0 {
             return Err(err("rc_ring_port must be > 0"));
+        }
+        if self.rc_ring_ack_timeout_exp > 31 {
+            return Err(err(format!(
+                "rc_ring_ack_timeout_exp must be in 0..=31 (0: the RDMA-CM's default), got {}",
+                self.rc_ring_ack_timeout_exp
+            )));
         }
         if !(512..=16 << 20).contains(&self.rc_ring_budget_bytes) {
             return Err(err(format!(
@@ -1203,6 +1211,7 @@ mod tests {
             .starts_with("rc_ring_pinglists: \"host\""));
         assert!(invalid(|c| c.rc_ring_port = 0).starts_with("rc_ring_port"));
         assert!(invalid(|c| c.rc_ring_budget_bytes = 511).starts_with("rc_ring_budget_bytes"));
+        assert!(invalid(|c| c.rc_ring_ack_timeout_exp = 32).starts_with("rc_ring_ack_timeout_exp"));
         assert!(invalid(|c| c.rc_ring_max_rings = 0).starts_with("rc_ring_max_rings"));
         assert!(
             invalid(|c| c.rc_ring_probe_interval_ms = 5).starts_with("rc_ring_probe_interval_ms")

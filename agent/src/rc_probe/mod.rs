@@ -42,6 +42,8 @@ pub struct RcProbeParams {
     pub cold_interval: Duration,
     pub window: Duration,
     pub kinds: Vec<PinglistKind>,
+    /// The rings' RC ACK timeout exponent (None: the RDMA-CM's default).
+    pub ack_timeout_exp: Option<u8>,
 }
 
 impl RcProbeParams {
@@ -63,6 +65,8 @@ impl RcProbeParams {
             cold_interval: Duration::from_millis(100),
             window: Duration::from_secs(cfg.analysis_window_sec),
             kinds,
+            ack_timeout_exp: (cfg.rc_ring_ack_timeout_exp > 0)
+                .then_some(cfg.rc_ring_ack_timeout_exp),
         })
     }
 }

@@ -118,6 +118,7 @@ impl RcProber {
         let opts = RingOpts {
             budget: p.budget,
             cm_timeout: Duration::from_secs(2),
+            ack_timeout_exp: p.ack_timeout_exp,
             ..RingOpts::default()
         };
         let mut listeners = Vec::new();

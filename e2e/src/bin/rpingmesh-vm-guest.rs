@@ -2319,6 +2319,10 @@ fn rc_ring_dead_server(
             &client_ip.to_string(),
             "--timeout-sec",
             "120",
+            // 0.27 s a try, so a silent peer fails a WRITE after about 2 s (the CM's
+            // default here is seconds a try).
+            "--ack-timeout-exp",
+            if silent { "16" } else { "0" },
             "pipeline",
             "100000000",
         ]
@@ -2381,8 +2385,24 @@ fn rc_peer_args(
     if tcg_windows {
         a.push(("--rc-ring-poll-lead-us", "20000".into()));
         a.push(("--rc-ring-hot-wait-us", "50000".into()));
+        // The rings' ACK timeout set by the agent (0.27 s a try): exercised, not relied on
+        // (a killed peer's kernel disconnects it at once).
+        a.push(("--rc-ring-ack-timeout-exp", "16".into()));
     }
     a
+}
+
+/// The `retry_in_s` of every "rc ring: connect failed" line, in order.
+fn connect_retries(log: &str) -> Vec<Value> {
+    log.lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| {
+            v["fields"]["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("rc ring: connect failed"))
+        })
+        .map(|v| v["fields"]["retry_in_s"].clone())
+        .collect()
 }
 
 /// Waits (up to 60 s each) until every agent has logged a ring of its own connected.
@@ -2437,6 +2457,7 @@ async fn rc_ring_peers(dir: &Path) -> Result<Value> {
 
     // The controller keeps a path's last 20 windows: take the early ones now.
     let early = rc_ring_windows(&ep).await;
+    let retries_before_kill = connect_retries(&a.stderr()).len();
     let killed_unix_ns = unix_ns_now();
     let killed = Instant::now();
     b.signal(libc::SIGKILL);
@@ -2455,16 +2476,10 @@ async fn rc_ring_peers(dir: &Path) -> Result<Value> {
     tokio::time::sleep(Duration::from_secs(RC_PEERS_DOWN_SECS).saturating_sub(killed.elapsed()))
         .await;
     let a_cpu_pct_down = 100.0 * (cpu_seconds(a.pid()) - cpu0) / w0.elapsed().as_secs_f64();
-    let down_log = a.stderr();
-    let retries: Vec<Value> = down_log
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|v| {
-            v["fields"]["message"]
-                .as_str()
-                .is_some_and(|m| m.starts_with("rc ring: connect failed"))
-        })
-        .map(|v| v["fields"]["retry_in_s"].clone())
+    // The back-offs since the kill (a first connect may have failed before B listened).
+    let retries: Vec<Value> = connect_retries(&a.stderr())
+        .into_iter()
+        .skip(retries_before_kill)
         .collect();
 
     let restarted_unix_ns = unix_ns_now();

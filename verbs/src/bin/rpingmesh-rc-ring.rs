@@ -4,6 +4,8 @@
 //!
 //! rpingmesh-rc-ring serve --bind IP:PORT [--budget BYTES] [--connections N] [--sink] [--timeout-sec S]
 //!   (--sink: check the client's one-way `stream` instead of echoing)
+//!   (--ack-timeout-exp N, serve or run: the QP's ACK timeout, 4.096 us x 2^N per try, of
+//!    which a silent peer gets 7; 0, the default: the CM's)
 //!   (--busy-poll, serve or run: never sleep between empty polls, as perftest's latency
 //!    tools do; for latency runs against ib_write_lat)
 //! rpingmesh-rc-ring run --dst IP:PORT [--src IP] [--budget BYTES] [--timeout-sec S] SCENARIO..
@@ -28,6 +30,7 @@ struct Args {
     /// serve: check a one-way stream instead of echoing.
     sink: bool,
     busy_poll: bool,
+    ack_timeout_exp: Option<u8>,
     scenario: Vec<String>,
 }
 
@@ -43,6 +46,7 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
         timeout: Duration::from_secs(60),
         sink: false,
         busy_poll: false,
+        ack_timeout_exp: None,
         scenario: Vec::new(),
     };
     while let Some(k) = it.next() {
@@ -58,6 +62,15 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
             }
             "--sink" => a.sink = true,
             "--busy-poll" => a.busy_poll = true,
+            "--ack-timeout-exp" => {
+                let v: u8 = val("--ack-timeout-exp")?
+                    .parse()
+                    .map_err(|e| format!("--ack-timeout-exp: {e}"))?;
+                if v > 31 {
+                    return Err(format!("--ack-timeout-exp must be in 0..=31, got {v}"));
+                }
+                a.ack_timeout_exp = (v > 0).then_some(v);
+            }
             "--connections" => {
                 a.connections = val("--connections")?
                     .parse()
@@ -83,6 +96,7 @@ fn opts(a: &Args) -> RingOpts {
     RingOpts {
         budget: a.budget,
         cm_timeout: a.timeout.min(Duration::from_secs(10)),
+        ack_timeout_exp: a.ack_timeout_exp,
         ..RingOpts::default()
     }
 }

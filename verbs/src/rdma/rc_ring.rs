@@ -59,6 +59,9 @@ pub struct RingOpts {
     pub numa_node: Option<u32>,
     /// Bound on each CM step (address, route, connect, accept, disconnect).
     pub cm_timeout: Duration,
+    /// The QP's ACK timeout exponent (4.096 us x 2^exp per try; None: the CM's default).
+    /// A silent peer's ring closes after 7 tries.
+    pub ack_timeout_exp: Option<u8>,
 }
 
 impl Default for RingOpts {
@@ -68,6 +71,7 @@ impl Default for RingOpts {
             send_queue: 64,
             numa_node: None,
             cm_timeout: Duration::from_secs(5),
+            ack_timeout_exp: None,
         }
     }
 }
@@ -109,6 +113,7 @@ impl RcRing {
                 send_queue: o.send_queue,
                 max_inline: MAX_WRITE as u32,
                 numa_node: o.numa_node,
+                ack_timeout_exp: o.ack_timeout_exp,
             },
             geom,
         ))

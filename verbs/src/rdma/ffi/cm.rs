@@ -377,7 +377,14 @@ pub struct ConnOpts {
     pub max_inline: u32,
     /// Bind the region to this NUMA node (None: the device's node, if it has one).
     pub numa_node: Option<u32>,
+    /// The QP's local ACK timeout, 4.096 us x 2^exp per try (None: the CM's default, from
+    /// the path's packet lifetime). A silent peer fails a WRITE after 7 tries of it.
+    pub ack_timeout_exp: Option<u8>,
 }
+
+/// librdmacm's `RDMA_OPTION_ID` level and its `RDMA_OPTION_ID_ACK_TIMEOUT` option (uint8_t).
+const OPTION_ID: i32 = 0;
+const OPTION_ID_ACK_TIMEOUT: i32 = 3;
 
 fn conn_param(private: &[u8]) -> rdma_conn_param {
     rdma_conn_param {
@@ -497,6 +504,20 @@ impl CmConn {
         let r = unsafe { rdma_create_qp(id.id.as_ptr(), pd.pd.as_ptr(), &mut init) };
         rc(&device, "rdma_create_qp", r)?;
         id.has_qp = true;
+        if let Some(mut exp) = opts.ack_timeout_exp {
+            // Applied by the CM when it moves the QP to RTS (after connect or accept).
+            // SAFETY: valid id; the option is one byte, copied by the call.
+            let r = unsafe {
+                rdma_set_option(
+                    id.id.as_ptr(),
+                    OPTION_ID,
+                    OPTION_ID_ACK_TIMEOUT,
+                    &mut exp as *mut u8 as *mut libc::c_void,
+                    1,
+                )
+            };
+            rc(&device, "rdma_set_option(ACK_TIMEOUT)", r)?;
+        }
         Ok(CmConn {
             id,
             mr,
