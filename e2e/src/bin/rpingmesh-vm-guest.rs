@@ -240,6 +240,17 @@ fn log_line_starting(log: &str, prefix: &str) -> Option<Value> {
         })
 }
 
+/// A controller on loopback (any port) without metrics export, as the scenarios run it.
+fn guest_controller(dir: &Path, name: &str) -> Result<Controller> {
+    spawn_controller(
+        dir,
+        name,
+        None,
+        "127.0.0.1:0",
+        &["--metrics-enabled", "false"],
+    )
+}
+
 /// Waits until the controller lists `n` RNICs.
 async fn wait_rnics(endpoint: &str, n: usize, timeout: Duration) -> Result<()> {
     let ok = wait_for(timeout, Duration::from_millis(200), || async {
@@ -325,20 +336,8 @@ async fn ud_probing(dir: &Path) -> Result<Value> {
         .collect();
     let table = wait_gids(UD_DEVICE, &want)?;
 
-    let ctl4 = spawn_controller(
-        dir,
-        "controller-v4",
-        None,
-        "127.0.0.1:0",
-        &["--metrics-enabled", "false"],
-    )?;
-    let ctl6 = spawn_controller(
-        dir,
-        "controller-v6",
-        None,
-        "127.0.0.1:0",
-        &["--metrics-enabled", "false"],
-    )?;
+    let ctl4 = guest_controller(dir, "controller-v4")?;
+    let ctl6 = guest_controller(dir, "controller-v6")?;
     let common = [
         ("--service-tracing-mode", "off".to_string()),
         ("--analysis-window-sec", "3".into()),
@@ -943,13 +942,7 @@ async fn service_tracing(dir: &Path, mode: &str) -> Result<Value> {
     .await
     .context("the pre-existing ibv_rc_pingpong pair never reached RTS")?;
 
-    let ctl = spawn_controller(
-        dir,
-        "controller",
-        None,
-        "127.0.0.1:0",
-        &["--metrics-enabled", "false"],
-    )?;
+    let ctl = guest_controller(dir, "controller")?;
     let ep = ctl.endpoint();
     let extra = [
         ("--service-tracing-mode", mode.to_string()),
@@ -1232,13 +1225,7 @@ async fn bench_rdma(dir: &Path) -> Result<Value> {
     }
 
     // Service-path latency.
-    let ctl = spawn_controller(
-        dir,
-        "controller",
-        None,
-        "127.0.0.1:0",
-        &["--metrics-enabled", "false"],
-    )?;
+    let ctl = guest_controller(dir, "controller")?;
     let ep = ctl.endpoint();
     let extra = [
         (
@@ -1350,13 +1337,7 @@ async fn bench_rdma(dir: &Path) -> Result<Value> {
 async fn bench_rc_ring_cpu(dir: &Path, g: [u32; 2]) -> Result<Value> {
     let mut runs = Vec::new();
     for lists in ["service", "tor_mesh"] {
-        let ctl = spawn_controller(
-            dir,
-            &format!("controller-rc-cpu-{lists}"),
-            None,
-            "127.0.0.1:0",
-            &["--metrics-enabled", "false"],
-        )?;
+        let ctl = guest_controller(dir, &format!("controller-rc-cpu-{lists}"))?;
         let extra = rc_peer_args(lists, 1000, false);
         let mut agents = Vec::new();
         for i in 0..2 {
@@ -1558,13 +1539,7 @@ fn cpu_seconds(pid: u32) -> f64 {
 async fn bench_load(dir: &Path, g: [u32; 2]) -> Result<Value> {
     let mut out = json!({});
     for transport in ["rdma", "udp"] {
-        let ctl = spawn_controller(
-            dir,
-            &format!("controller-load-{transport}"),
-            None,
-            "127.0.0.1:0",
-            &["--metrics-enabled", "false"],
-        )?;
+        let ctl = guest_controller(dir, &format!("controller-load-{transport}"))?;
         let mut agents = Vec::new();
         for (i, role) in ["prober", "responder"].iter().enumerate() {
             let mut args: Vec<String> = [
@@ -1769,13 +1744,7 @@ async fn rdma_faults(dir: &Path) -> Result<Value> {
             "vfx",
         ])?;
     }
-    let ctl = spawn_controller(
-        dir,
-        "controller",
-        None,
-        "127.0.0.1:0",
-        &["--metrics-enabled", "false"],
-    )?;
+    let ctl = guest_controller(dir, "controller")?;
     let ghost = register_ghost(ctl.endpoint());
     let common = [
         ("--service-tracing-mode", "off".to_string()),
@@ -2061,13 +2030,7 @@ async fn hostping(dir: &Path) -> Result<Value> {
 /// for it, and up again until the host is clean. Times are measured from the change.
 async fn hostping_daemon(dir: &Path, gid_index: u32) -> Result<Value> {
     use rpingmesh_proto::operator::GetHostRequest;
-    let ctl = spawn_controller(
-        dir,
-        "hp-controller",
-        None,
-        "127.0.0.1:0",
-        &["--metrics-enabled", "false"],
-    )?;
+    let ctl = guest_controller(dir, "hp-controller")?;
     let ep = ctl.endpoint();
     let args: Vec<String> = [
         ("--agent-id", "hp-agent".to_string()),
@@ -2434,13 +2397,7 @@ fn count_lines(log: &str, message: &str) -> usize {
 async fn rc_ring_peers(dir: &Path) -> Result<Value> {
     svc_network()?;
     let g = [svc_gid_index(0), svc_gid_index(1)];
-    let ctl = spawn_controller(
-        dir,
-        "controller",
-        None,
-        "127.0.0.1:0",
-        &["--metrics-enabled", "false"],
-    )?;
+    let ctl = guest_controller(dir, "controller")?;
     let ep = ctl.endpoint();
     let extra = rc_peer_args("tor_mesh", RC_PEERS_INTERVAL_MS, true);
     let agent =
