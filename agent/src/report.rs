@@ -68,6 +68,7 @@ pub fn to_proto(
                 probe_failed: l.probe_failed,
                 network_rtt_p50_ns: l.network_rtt_p50_ns,
                 network_rtt_max_ns: l.network_rtt_max_ns,
+                probe_invalid: l.probe_invalid,
             })
             .collect(),
         rc_ring: None,
@@ -318,6 +319,7 @@ mod tests {
                 flow_label: 15,
                 probe_total: 16,
                 probe_failed: 17,
+                probe_invalid: 20,
                 network_rtt_p50_ns: 18,
                 network_rtt_max_ns: 19,
             }],
@@ -362,10 +364,11 @@ mod tests {
                     l.probe_total as u64,
                     l.probe_failed as u64,
                     l.network_rtt_p50_ns,
-                    l.network_rtt_max_ns
+                    l.network_rtt_max_ns,
+                    l.probe_invalid as u64
                 ])
                 .collect::<Vec<_>>(),
-            vec![[15, 16, 17, 18, 19]]
+            vec![[15, 16, 17, 18, 19, 20]]
         );
         assert_eq!(p.pinglist_type, 2, "SERVICE");
         assert_eq!(p.service, "training");

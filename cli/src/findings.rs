@@ -53,6 +53,7 @@ pub fn finding_json(f: &Finding) -> Value {
         "kind": f.kind,
         "location": f.location,
         "symptom": f.symptom,
+        "severity": f.severity,
         "confidence": f.confidence,
         "open": f.open,
         "opened_unix_ns": f.opened_unix_ns,
@@ -71,6 +72,9 @@ fn evidence_json(e: &FindingEvidence) -> Value {
         "flow_labels": e.flow_labels,
         "direction": e.direction,
         "excess_ns": e.excess_ns,
+        "loss_ratio": e.loss_ratio,
+        "loss_ratio_stderr": e.loss_ratio_stderr,
+        "score": e.score,
         "detail": e.detail,
         "paths": e.paths.iter().map(|p| json!({
             "source_gid": p.source_gid,
@@ -89,6 +93,7 @@ pub fn table(findings: &[Finding]) -> String {
         ("KIND", false),
         ("LOCATION", false),
         ("SYMPTOM", false),
+        ("SEVERITY", false),
         ("CONF", true),
         ("OPENED", false),
         ("LAST_SEEN", false),
@@ -101,6 +106,7 @@ pub fn table(findings: &[Finding]) -> String {
             f.kind.clone(),
             or_dash(&f.location),
             or_dash(&f.symptom),
+            or_dash(&f.severity),
             format!("{:.2}", f.confidence),
             ns_utc(f.opened_unix_ns),
             ns_utc(f.last_seen_unix_ns),
@@ -120,12 +126,13 @@ pub fn table(findings: &[Finding]) -> String {
 pub fn event_line(e: &FindingEvent) -> String {
     let f = e.finding.clone().unwrap_or_default();
     format!(
-        "{} id={} kind={} location={} symptom={} confidence={:.2} opened={} last_seen={} resolved={} detail={}",
+        "{} id={} kind={} location={} symptom={} severity={} confidence={:.2} opened={} last_seen={} resolved={} detail={}",
         e.change,
         f.id,
         or_dash(&f.kind),
         or_dash(&f.location),
         or_dash(&f.symptom),
+        or_dash(&f.severity),
         f.confidence,
         ns_utc(f.opened_unix_ns),
         ns_utc(f.last_seen_unix_ns),
@@ -239,6 +246,7 @@ mod tests {
             kind: "rnic".into(),
             location: "host-1/mlx5_0".into(),
             symptom: "down".into(),
+            severity: "down".into(),
             confidence: 0.875,
             opened_unix_ns: 1_700_000_000_000_000_000,
             last_seen_unix_ns: 1_700_000_060_000_000_000,
@@ -263,6 +271,7 @@ mod tests {
                 "KIND",
                 "LOCATION",
                 "SYMPTOM",
+                "SEVERITY",
                 "CONF",
                 "OPENED",
                 "LAST_SEEN",
@@ -271,11 +280,12 @@ mod tests {
             ]
         );
         assert_eq!(
-            rows[1][..8],
+            rows[1][..9],
             [
                 "7",
                 "rnic",
                 "host-1/mlx5_0",
+                "down",
                 "down",
                 "0.88",
                 "2023-11-14T22:13:20Z",
@@ -283,8 +293,8 @@ mod tests {
                 "-"
             ]
         );
-        assert_eq!(rows[1][8..].join(" "), "all 12 paths to and from it fail");
-        assert_eq!(rows[2][7], "2023-11-14T22:15:20Z");
+        assert_eq!(rows[1][9..].join(" "), "all 12 paths to and from it fail");
+        assert_eq!(rows[2][8], "2023-11-14T22:15:20Z");
     }
 
     #[test]
@@ -295,7 +305,7 @@ mod tests {
         };
         assert_eq!(
             event_line(&e),
-            "opened id=7 kind=rnic location=host-1/mlx5_0 symptom=down confidence=0.88 \
+            "opened id=7 kind=rnic location=host-1/mlx5_0 symptom=down severity=down confidence=0.88 \
              opened=2023-11-14T22:13:20Z last_seen=2023-11-14T22:14:20Z resolved=- \
              detail=\"all 12 paths to and from it fail\""
         );

@@ -109,6 +109,7 @@ pub fn pinglist_type_name(t: i32) -> &'static str {
         Ok(PinglistType::TorMesh) => "tor_mesh",
         Ok(PinglistType::InterTor) => "inter_tor",
         Ok(PinglistType::Service) => "service",
+        Ok(PinglistType::Focus) => "focus",
         Err(_) => "unknown",
     }
 }

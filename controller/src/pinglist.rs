@@ -58,6 +58,7 @@ pub fn make_target(
         traffic_class: 0,
         service_level: 0,
         service: String::new(),
+        flow_labels: Vec::new(),
     }
 }
 

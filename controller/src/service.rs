@@ -1136,6 +1136,7 @@ impl ControllerService for ControllerSvc {
             PinglistType::InterTor => {
                 pinglist::inter_tor(&idx, &tor, requester_key, now, &st.pinglist, &mut rng)
             }
+            PinglistType::Focus => Vec::new(),
             PinglistType::Service => {
                 let sources: Vec<&str> = match &requester {
                     Some(g) => vec![g.as_str()],
@@ -1187,6 +1188,7 @@ impl ControllerService for ControllerSvc {
             return Ok(Response::new(ProbeAnalysisAck {
                 accepted: false,
                 sla_violations: 0,
+                focus_generation: 0,
             }));
         };
         let total = req.summaries.len();
@@ -1256,6 +1258,7 @@ impl ControllerService for ControllerSvc {
         Ok(Response::new(ProbeAnalysisAck {
             accepted: dropped == 0 || report.ingested > 0,
             sla_violations: report.violations.len() as u32,
+            focus_generation: 0,
         }))
     }
 }

@@ -536,6 +536,7 @@ impl ServicePathTable {
                 traffic_class: tc,
                 service_level: sl,
                 service: service.to_string(),
+                flow_labels: Vec::new(),
             });
         }
         out

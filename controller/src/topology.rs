@@ -31,28 +31,54 @@ pub fn fnv1a_uplink(
     if uplinks == 0 {
         return 0;
     }
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut eat = |b: u8| h = (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
-    for b in src_gid.bytes() {
-        eat(b);
-    }
-    eat(0xff);
-    for b in dst_gid.bytes() {
-        eat(b);
-    }
-    eat(0xff);
-    for b in flow_label
-        .to_le_bytes()
+    fnv1a_finish(fnv1a_pair(src_gid, dst_gid), flow_label, seed, uplinks)
+}
+
+fn fnv1a_eat(h: u64, bytes: impl IntoIterator<Item = u8>) -> u64 {
+    bytes
         .into_iter()
-        .chain(seed.to_le_bytes())
-    {
-        eat(b);
-    }
+        .fold(h, |h, b| (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3))
+}
+
+/// The FNV-1a state after a GID pair (the part of the hash every label of the pair shares).
+fn fnv1a_pair(src_gid: &str, dst_gid: &str) -> u64 {
+    let h = fnv1a_eat(0xcbf2_9ce4_8422_2325, src_gid.bytes());
+    let h = fnv1a_eat(h, [0xff]);
+    let h = fnv1a_eat(h, dst_gid.bytes());
+    fnv1a_eat(h, [0xff])
+}
+
+fn fnv1a_finish(pair: u64, flow_label: u32, seed: u32, uplinks: usize) -> usize {
+    let mut h = fnv1a_eat(
+        pair,
+        flow_label.to_le_bytes().into_iter().chain(seed.to_le_bytes()),
+    );
     // Final avalanche so the low bits depend on every input byte.
     h ^= h >> 33;
     h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
     h ^= h >> 33;
     (h % uplinks as u64) as usize
+}
+
+/// The spines one (source GID, destination GID) pair's labels take, with the GIDs hashed
+/// once: localization routes every label of a path.
+#[derive(Debug, Clone)]
+pub struct PairRoute {
+    usable: Vec<u32>,
+    pair: u64,
+    seed: u32,
+}
+
+impl PairRoute {
+    /// The spine label `flow_label` of the pair crosses (what `spine_of` says).
+    pub fn spine(&self, flow_label: u32) -> u32 {
+        self.usable[fnv1a_finish(self.pair, flow_label, self.seed, self.usable.len())]
+    }
+
+    /// The spines the pair's labels spread over.
+    pub fn spines(&self) -> &[u32] {
+        &self.usable
+    }
 }
 
 /// Direction of a ToR-spine link a probe crossed.
@@ -243,6 +269,21 @@ impl Topology {
         dst_gid: &str,
         flow_label: u32,
     ) -> Option<u32> {
+        Some(
+            self.pair_route(src_tor, dst_tor, src_gid, dst_gid)?
+                .spine(flow_label),
+        )
+    }
+
+    /// The spines of a GID pair, label by label (see [`PairRoute`]): `None` as for
+    /// `spine_of`.
+    pub fn pair_route(
+        &self,
+        src_tor: u32,
+        dst_tor: u32,
+        src_gid: &str,
+        dst_gid: &str,
+    ) -> Option<PairRoute> {
         if src_tor == dst_tor {
             return None;
         }
@@ -250,16 +291,22 @@ impl Topology {
         let ups = self.uplinks(src_tor);
         let dst_ups = self.uplinks(dst_tor);
         // The source ToR hashes over its uplinks that reach the destination.
-        let usable: Vec<u32> = ups
-            .iter()
-            .copied()
-            .filter(|s| dst_ups.contains(s))
-            .collect();
+        let usable: Vec<u32> = if ups == dst_ups {
+            ups.to_vec()
+        } else {
+            ups.iter()
+                .copied()
+                .filter(|s| dst_ups.contains(s))
+                .collect()
+        };
         if usable.is_empty() {
             return None;
         }
-        let i = fnv1a_uplink(src_gid, dst_gid, flow_label, seed, usable.len());
-        Some(usable[i])
+        Some(PairRoute {
+            usable,
+            pair: fnv1a_pair(src_gid, dst_gid),
+            seed,
+        })
     }
 
     /// The two directed links a packet crosses (up at the source ToR, down at the

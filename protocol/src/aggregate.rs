@@ -28,8 +28,10 @@ pub const LABEL_CAP: usize = 256;
 /// few probes per window at pinglist rates).
 const LABEL_SAMPLE_CAP: usize = 64;
 
-/// Label RTT medians further apart than this make a window worth its per-label detail.
-pub const LABEL_DETAIL_SPREAD_NS: u64 = 20_000;
+/// A label whose RTT median exceeds its path's fastest probe by this much is slow: its
+/// window is worth its per-label detail, and the controller counts its probes as slow
+/// (both sides read this one constant, so a window without detail has no slow label).
+pub const SLOW_LABEL_EXCESS_NS: u64 = 5_000;
 
 /// One flow label's share of a path window.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -37,6 +39,8 @@ pub struct LabelSummary {
     pub flow_label: u32,
     pub probe_total: u32,
     pub probe_failed: u32,
+    /// Answered but invalid (one ACK lost, or a bad timestamp).
+    pub probe_invalid: u32,
     pub network_rtt_p50_ns: u64,
     pub network_rtt_max_ns: u64,
 }
@@ -46,6 +50,7 @@ struct LabelAcc {
     label: u32,
     total: u32,
     failed: u32,
+    invalid: u32,
     rtt_max: u64,
     rtts: Vec<u64>,
 }
@@ -73,24 +78,26 @@ pub struct WindowSummary {
 }
 
 impl WindowSummary {
-    /// Whether the per-label detail says something: a lost probe, or labels whose RTT
-    /// medians differ by more than [`LABEL_DETAIL_SPREAD_NS`]. Clean windows leave it out,
-    /// which keeps reports from 100,000 RNICs small.
+    /// Whether the per-label detail says something: a lost or incomplete probe, or a
+    /// slow label (its median [`SLOW_LABEL_EXCESS_NS`] over the path's fastest probe).
+    /// Clean windows leave it out, which keeps reports from 100,000 RNICs small.
     pub fn label_detail_needed(&self) -> bool {
         if self.labels.is_empty() {
             return false;
         }
-        if self.probe_failed > 0 || self.labels.iter().any(|l| l.probe_failed > 0) {
+        if self.probe_failed > 0
+            || self.invalid_rtt_count > 0
+            || self
+                .labels
+                .iter()
+                .any(|l| l.probe_failed > 0 || l.probe_invalid > 0)
+        {
             return true;
         }
-        let answered = self
-            .labels
+        let slow = self.network_rtt_min_ns.saturating_add(SLOW_LABEL_EXCESS_NS);
+        self.labels
             .iter()
-            .filter(|l| l.probe_total > l.probe_failed);
-        let (lo, hi) = answered.fold((u64::MAX, 0), |(lo, hi), l| {
-            (lo.min(l.network_rtt_p50_ns), hi.max(l.network_rtt_p50_ns))
-        });
-        hi > lo && hi - lo > LABEL_DETAIL_SPREAD_NS
+            .any(|l| l.probe_total > l.probe_failed + l.probe_invalid && l.network_rtt_p50_ns >= slow)
     }
 }
 
@@ -157,7 +164,7 @@ impl Acc {
                 }
             }
             ProbeResult::Lost => l.failed = l.failed.saturating_add(1),
-            ProbeResult::Invalid(_) => {}
+            ProbeResult::Invalid(_) => l.invalid = l.invalid.saturating_add(1),
         }
     }
 
@@ -185,6 +192,7 @@ impl Acc {
                     flow_label: l.label,
                     probe_total: l.total,
                     probe_failed: l.failed,
+                    probe_invalid: l.invalid,
                     network_rtt_p50_ns: nearest_rank(&l.rtts, 50),
                     network_rtt_max_ns: l.rtt_max,
                 }
@@ -436,38 +444,44 @@ mod tests {
         a.record(&0, &ProbeResult::Lost, 5); // unlabelled: path totals only
         let s = &a.take_closed(10)[0].1;
         assert_eq!((s.probe_total, s.probe_failed), (7, 2));
-        let l = |label, total, failed, p50, max| LabelSummary {
+        let l = |label, total, failed, invalid, p50, max| LabelSummary {
             flow_label: label,
             probe_total: total,
             probe_failed: failed,
+            probe_invalid: invalid,
             network_rtt_p50_ns: p50,
             network_rtt_max_ns: max,
         };
         assert_eq!(
             s.labels,
-            vec![l(3, 2, 1, 5, 5), l(7, 3, 0, 20, 30), l(9, 1, 0, 0, 0)]
+            vec![l(3, 2, 1, 0, 5, 5), l(7, 3, 0, 0, 20, 30), l(9, 1, 0, 1, 0, 0)]
         );
     }
 
     #[test]
     fn label_detail_only_when_it_says_something() {
-        let l = |p50, failed| LabelSummary {
+        let l = |p50, failed, invalid| LabelSummary {
             flow_label: 1,
             probe_total: 2,
             probe_failed: failed,
+            probe_invalid: invalid,
             network_rtt_p50_ns: p50,
             network_rtt_max_ns: p50,
         };
         let w = |labels: Vec<LabelSummary>| WindowSummary {
             probe_failed: labels.iter().map(|l| l.probe_failed).sum(),
+            network_rtt_min_ns: 9_000,
             labels,
             ..Default::default()
         };
         assert!(!w(vec![]).label_detail_needed());
-        assert!(!w(vec![l(10_000, 0), l(25_000, 0)]).label_detail_needed());
-        assert!(w(vec![l(10_000, 0), l(10_000, 1)]).label_detail_needed());
-        assert!(w(vec![l(10_000, 0), l(30_001, 0)]).label_detail_needed());
-        assert!(!w(vec![l(10_000, 0), l(90_000, 2)]).labels.is_empty());
+        // Within the slow margin of the fastest probe: nothing to say.
+        assert!(!w(vec![l(10_000, 0, 0), l(13_999, 0, 0)]).label_detail_needed());
+        assert!(w(vec![l(10_000, 0, 0), l(10_000, 1, 0)]).label_detail_needed());
+        assert!(w(vec![l(10_000, 0, 0), l(10_000, 0, 1)]).label_detail_needed());
+        assert!(w(vec![l(10_000, 0, 0), l(14_000, 0, 0)]).label_detail_needed());
+        // A label whose probes all failed has no RTT to be slow with.
+        assert!(w(vec![l(10_000, 0, 0), l(90_000, 2, 0)]).label_detail_needed());
     }
 
     #[test]

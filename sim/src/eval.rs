@@ -12,11 +12,22 @@
 
 use std::collections::BTreeMap;
 
+use crate::background::Background;
 use crate::output::FindingRecord;
 use crate::rng::Rng;
-use crate::scenario::{
-    ground_truth, Direction, FabricSpec, Fault, FaultKind, Scenario, FAULT_KINDS,
-};
+use crate::scenario::{ground_truth, Direction, FabricSpec, Fault, FaultKind, Scenario};
+
+/// The kinds of the black-failure suite (every kind but the gray-only rnic_loss), in the
+/// order its scenarios cycle through.
+pub const BLACK_KINDS: [&str; 7] = [
+    "rnic_down",
+    "rnic_flap",
+    "host_stall",
+    "tor_down",
+    "link_loss",
+    "link_down",
+    "link_latency",
+];
 
 /// Fabrics of the suite: all of 512 RNICs, in four shapes (the last has ToRs of two
 /// RNICs, the case where R-Pingmesh's ToR mesh cannot tell which end is broken).
@@ -55,7 +66,7 @@ fn below(rng: &mut Rng, n: u32) -> u32 {
     (rng.next_u64() % n.max(1) as u64) as u32
 }
 
-/// A fault of kind `kind_index` (into [`FAULT_KINDS`]) on ToR `tor` (1-based) of `f`.
+/// A fault of kind `kind_index` (into [`BLACK_KINDS`]) on ToR `tor` (1-based) of `f`.
 fn random_fault(
     rng: &mut Rng,
     kind_index: usize,
@@ -72,7 +83,7 @@ fn random_fault(
         1 => Direction::Down,
         _ => Direction::Both,
     };
-    let (kind, location) = match FAULT_KINDS[kind_index % FAULT_KINDS.len()] {
+    let (kind, location) = match BLACK_KINDS[kind_index % BLACK_KINDS.len()] {
         "rnic_down" => (FaultKind::RnicDown, format!("h{tor}-{h}/r{r}")),
         "rnic_flap" => (
             FaultKind::RnicFlap {
@@ -140,6 +151,7 @@ pub fn suite_scenario(seed: u64, i: usize) -> Scenario {
         duration_sec: SUITE_DURATION_SEC,
         fabric: f,
         faults,
+        background: Background::default(),
     }
 }
 
@@ -147,6 +159,7 @@ pub fn suite_scenario(seed: u64, i: usize) -> Scenario {
 pub fn claimed_fault_kind(f: &FindingRecord) -> &'static str {
     match (f.kind.as_str(), f.symptom.as_str()) {
         ("rnic", "flapping") => "rnic_flap",
+        ("rnic", "loss") => "rnic_loss",
         ("rnic", _) => "rnic_down",
         ("host", _) => "host_stall",
         ("tor", _) => "tor_down",
@@ -156,9 +169,12 @@ pub fn claimed_fault_kind(f: &FindingRecord) -> &'static str {
     }
 }
 
-fn overlaps(f: &FindingRecord, end_of_run: f64, g: &Fault) -> bool {
+/// Whether finding `f` is about fault `g`'s time: a finding opens `lag` after the
+/// window that showed it began (a window and its settle time), so it is taken as
+/// covering [opened - lag, resolved].
+fn overlaps(f: &FindingRecord, end_of_run: f64, lag: f64, g: &Fault) -> bool {
     let f_end = f.resolved_sec.unwrap_or(end_of_run);
-    f.opened_sec < g.end_sec && g.start_sec < f_end
+    f.opened_sec - lag < g.end_sec && g.start_sec < f_end
 }
 
 /// How one scenario's findings scored.
@@ -174,18 +190,29 @@ pub struct ScenarioScore {
 #[derive(Debug, Clone, PartialEq)]
 pub struct FaultScore {
     pub kind: &'static str,
+    /// The fault's size as reports group it ("0.5%", "+10us", "2ms"; "" for black kinds).
+    pub magnitude: String,
+    /// How long it lasted, in windows.
+    pub length_windows: f64,
     pub detected: bool,
     pub detection_windows: Option<f64>,
     pub kind_overlapped: bool,
 }
 
-pub fn score(s: &Scenario, findings: &[FindingRecord], window_sec: f64) -> ScenarioScore {
+/// Scores one run. `window_sec` converts detection times to windows; `lag` is how long
+/// after a window starts a finding from it can open (the window plus the settle time).
+pub fn score(
+    s: &Scenario,
+    findings: &[FindingRecord],
+    window_sec: f64,
+    lag: f64,
+) -> ScenarioScore {
     let end = s.duration_sec as f64;
     let mut out = ScenarioScore::default();
     for f in findings {
         let truth = s.faults.iter().find(|g| {
             let t = ground_truth(g);
-            t.kind == f.kind && t.location == f.location && overlaps(f, end, g)
+            t.kind == f.kind && t.location == f.location && overlaps(f, end, lag, g)
         });
         let claimed = match truth {
             Some(g) => g.kind.name(),
@@ -197,16 +224,20 @@ pub fn score(s: &Scenario, findings: &[FindingRecord], window_sec: f64) -> Scena
         let t = ground_truth(g);
         let first = findings
             .iter()
-            .filter(|f| f.kind == t.kind && f.location == t.location && overlaps(f, end, g))
+            .filter(|f| {
+                f.kind == t.kind && f.location == t.location && overlaps(f, end, lag, g)
+            })
             .map(|f| f.opened_sec)
             .min_by(|a, b| a.total_cmp(b));
         out.faults.push(FaultScore {
             kind: g.kind.name(),
+            magnitude: crate::gray::magnitude_label(&g.kind),
+            length_windows: (g.end_sec - g.start_sec) / window_sec,
             detected: first.is_some(),
             detection_windows: first.map(|o| (o - g.start_sec).max(0.0) / window_sec),
             kind_overlapped: findings
                 .iter()
-                .any(|f| f.kind == t.kind && overlaps(f, end, g)),
+                .any(|f| f.kind == t.kind && overlaps(f, end, lag, g)),
         });
     }
     out
@@ -257,9 +288,56 @@ fn ratio(a: u32, b: u32) -> f64 {
     }
 }
 
-/// Sums scenario scores per fault kind (every kind present).
-pub fn report(scores: &[ScenarioScore]) -> BTreeMap<&'static str, KindReport> {
-    let mut out: BTreeMap<&'static str, KindReport> = FAULT_KINDS
+/// Sums scenario scores per (kind, magnitude) bucket: every fault of `kinds` at least
+/// `min_windows` long counts in its kind's "all" bucket and in its magnitude's; each
+/// finding in its claimed kind's "all" bucket (a false finding has no magnitude). Faults
+/// shorter than `min_windows` count nowhere, and so do the findings that matched them.
+pub fn report_by_magnitude(
+    scores: &[ScenarioScore],
+    kinds: &[&'static str],
+    min_windows: f64,
+) -> BTreeMap<(&'static str, String), KindReport> {
+    let mut out: BTreeMap<(&'static str, String), KindReport> = kinds
+        .iter()
+        .map(|k| ((*k, "all".to_string()), KindReport::default()))
+        .collect();
+    for s in scores {
+        let short: Vec<&'static str> = s
+            .faults
+            .iter()
+            .filter(|f| f.length_windows < min_windows)
+            .map(|f| f.kind)
+            .collect();
+        for f in s.faults.iter().filter(|f| f.length_windows >= min_windows) {
+            for bucket in ["all".to_string(), f.magnitude.clone()] {
+                let r = out.entry((f.kind, bucket)).or_default();
+                r.faults += 1;
+                r.detected += f.detected as u32;
+                r.kind_overlapped += f.kind_overlapped as u32;
+                if let Some(w) = f.detection_windows {
+                    r.detection_windows.push(w);
+                }
+            }
+        }
+        for &(kind, truth) in &s.findings {
+            // A true finding of a fault too short to score is left out with it.
+            if truth && short.contains(&kind) {
+                continue;
+            }
+            let r = out.entry((kind, "all".to_string())).or_default();
+            if truth {
+                r.true_findings += 1;
+            } else {
+                r.false_findings += 1;
+            }
+        }
+    }
+    out
+}
+
+/// Sums scenario scores per fault kind (every kind of `kinds` present).
+pub fn report(scores: &[ScenarioScore], kinds: &[&'static str]) -> BTreeMap<&'static str, KindReport> {
+    let mut out: BTreeMap<&'static str, KindReport> = kinds
         .iter()
         .map(|k| (*k, KindReport::default()))
         .collect();
@@ -302,6 +380,7 @@ mod tests {
             kind: kind.into(),
             location: location.into(),
             symptom: symptom.into(),
+            severity: String::new(),
             opened_sec: opened,
             resolved_sec: resolved,
             confidence: 0.9,
@@ -315,6 +394,7 @@ mod tests {
             duration_sec: 900,
             fabric: suite_fabric(0),
             faults,
+            background: Background::default(),
         }
     }
 
@@ -334,6 +414,7 @@ mod tests {
             &s,
             &[finding("rnic", "h3-2/r1", "down", 335.0, Some(665.0))],
             30.0,
+            35.0,
         );
         assert_eq!(sc.findings, vec![("rnic_down", true)]);
         let f = &sc.faults[0];
@@ -357,7 +438,7 @@ mod tests {
             finding("link", "tor2-spine3", "loss", 700.0, Some(800.0)), // after the fault
             finding("rnic", "h2-1/r0", "flapping", 330.0, None),        // wrong kind
         ];
-        let sc = score(&s, &found, 30.0);
+        let sc = score(&s, &found, 30.0, 35.0);
         assert_eq!(
             sc.findings,
             vec![
@@ -371,7 +452,7 @@ mod tests {
             !f.detected && f.kind_overlapped,
             "a link finding overlapped, at the wrong link"
         );
-        let r = report(&[sc]);
+        let r = report(&[sc], &BLACK_KINDS);
         assert_eq!(r["link_loss"].precision(), 0.0);
         assert_eq!(r["link_loss"].recall(), 0.0);
         assert_eq!(r["link_loss"].exact_location_rate(), 0.0);
@@ -382,7 +463,7 @@ mod tests {
     #[test]
     fn an_open_finding_overlaps_until_the_end() {
         let s = scenario(vec![fault(FaultKind::TorDown, "tor9", 300.0, 900.0)]);
-        let sc = score(&s, &[finding("tor", "tor9", "down", 320.0, None)], 30.0);
+        let sc = score(&s, &[finding("tor", "tor9", "down", 320.0, None)], 30.0, 35.0);
         assert_eq!(sc.findings, vec![("tor_down", true)]);
     }
 

@@ -42,6 +42,8 @@ pub struct Flap {
 struct RnicFault {
     at: Interval,
     flap: Option<Flap>,
+    /// Drop probability while down (1 for rnic_down and rnic_flap).
+    loss: f64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -89,8 +91,12 @@ impl FaultPlan {
                 (t * p.spines + s) as usize
             };
             match f.kind {
-                FaultKind::RnicDown | FaultKind::RnicFlap { .. } => {
+                FaultKind::RnicDown | FaultKind::RnicFlap { .. } | FaultKind::RnicLoss { .. } => {
                     let r = fabric.rnic_index(&f.location).expect("validated location");
+                    let loss = match f.kind {
+                        FaultKind::RnicLoss { loss } => loss,
+                        _ => 1.0,
+                    };
                     let flap = match f.kind {
                         FaultKind::RnicFlap {
                             period_sec,
@@ -105,7 +111,7 @@ impl FaultPlan {
                         }
                         _ => None,
                     };
-                    p.rnic[r as usize].push(RnicFault { at, flap });
+                    p.rnic[r as usize].push(RnicFault { at, flap, loss });
                 }
                 FaultKind::HostStall { delay_us } => {
                     let h = fabric.host_index(&f.location).expect("validated location");
@@ -164,15 +170,36 @@ impl FaultPlan {
     /// Is RNIC `r` down at `t` (down, or in the down part of a flap cycle)?
     #[inline]
     pub fn rnic_down(&self, r: u32, t: u64) -> bool {
+        self.rnic_loss(r, t) >= 1.0
+    }
+
+    /// The share of RNIC `r`'s packets dropped at `t` (1 while down).
+    #[inline]
+    pub fn rnic_loss(&self, r: u32, t: u64) -> f64 {
         let fs = &self.rnic[r as usize];
-        !fs.is_empty()
-            && fs.iter().any(|f| {
+        if fs.is_empty() {
+            return 0.0;
+        }
+        fs.iter()
+            .filter(|f| {
                 f.at.contains(t)
                     && match f.flap {
                         None => true,
                         Some(fl) => flap_down(&fl, t - f.at.start),
                     }
             })
+            .map(|f| f.loss)
+            .fold(0.0, f64::max)
+    }
+
+    /// Whether a packet to or from RNIC `r` at `t` is dropped by its faults.
+    #[inline]
+    pub fn rnic_drops(&self, r: u32, t: u64, rng: &mut Rng) -> bool {
+        if self.rnic[r as usize].is_empty() {
+            return false;
+        }
+        let loss = self.rnic_loss(r, t);
+        loss >= 1.0 || (loss > 0.0 && rng.unit() < loss)
     }
 
     /// The flap cycle of the RNIC's first flap fault (tests).

@@ -29,14 +29,16 @@
 //! the topology from the simulator: the same [`Topology`](rpingmesh_controller::topology::Topology)
 //! is handed to the analyzer.
 //!
-//! Background noise (see [`sim::noise`]): a 1e-6 loss per link traversal, and endpoint
-//! processing delays of a few microseconds with jitter and rare hiccups, so a fault-free
-//! fabric is not perfectly clean.
+//! Background noise: the scenario's [`Background`] (by default a 1e-6 loss per link
+//! traversal; the gray suites add dirtier links and queueing), and (see [`sim::noise`])
+//! endpoint processing delays of a few microseconds with jitter and rare hiccups, so a
+//! fault-free fabric is not perfectly clean.
 //!
 //! # Faults (on schedule `[start_sec, end_sec)`)
 //!
 //! * `rnic_down`: every packet to or from the RNIC is dropped (its agent still probes
 //!   and reports: all lost).
+//! * `rnic_loss`: every packet to or from the RNIC is dropped with probability `loss`.
 //! * `rnic_flap`: down during the first `down_fraction` of each `period_sec`, the cycle
 //!   starting at `start_sec` shifted by a seeded phase; up otherwise.
 //! * `host_stall`: the host's packet processing stalls. Each probe or ACK the host
@@ -59,8 +61,10 @@
 //! See [`sim`] for the event order. [`run`] runs a scenario to its end; [`Sim`] steps it
 //! one window at a time (for a demo that paces it in real time).
 
+pub mod background;
 pub mod eval;
 pub mod fabric;
+pub mod gray;
 pub mod faults;
 pub mod live;
 pub mod output;
@@ -68,6 +72,7 @@ pub mod rng;
 pub mod scenario;
 pub mod sim;
 
+pub use background::Background;
 pub use fabric::Fabric;
 pub use output::FindingRecord;
 pub use scenario::{

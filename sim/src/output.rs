@@ -20,6 +20,8 @@ pub struct FindingRecord {
     pub kind: String,
     pub location: String,
     pub symptom: String,
+    /// "down" | "degraded"
+    pub severity: String,
     pub opened_sec: f64,
     /// None while open at the end of the run.
     pub resolved_sec: Option<f64>,
@@ -38,6 +40,7 @@ impl FindingRecord {
             kind: f.kind.clone(),
             location: f.location.clone(),
             symptom: String::new(),
+            severity: String::new(),
             opened_sec: sec(f.opened_unix_ns, base_unix_ns),
             resolved_sec: None,
             confidence: 0.0,
@@ -49,6 +52,7 @@ impl FindingRecord {
 
     pub(crate) fn update(&mut self, f: &Finding, base_unix_ns: u64) {
         self.symptom = f.symptom.clone();
+        self.severity = f.severity.clone();
         self.confidence = f.confidence;
         if let Some(e) = &f.evidence {
             self.evidence = e.clone();
@@ -65,6 +69,7 @@ impl FindingRecord {
         json!({
             "kind": self.kind,
             "location": self.location,
+            "severity": self.severity,
             "opened_sec": self.opened_sec,
             "resolved_sec": self.resolved_sec,
             "confidence": self.confidence,
@@ -97,6 +102,9 @@ pub fn evidence_json(e: &FindingEvidence) -> Value {
         "flow_labels": e.flow_labels,
         "direction": e.direction,
         "excess_ns": e.excess_ns,
+        "loss_ratio": e.loss_ratio,
+        "loss_ratio_stderr": e.loss_ratio_stderr,
+        "score": e.score,
         "detail": e.detail,
     })
 }
@@ -114,6 +122,7 @@ mod tests {
             kind: "link".into(),
             location: "tor2-spine3".into(),
             symptom: "loss".into(),
+            severity: "degraded".into(),
             confidence: 0.5,
             opened_unix_ns: base + 335_000_000_000,
             last_seen_unix_ns: base + 335_000_000_000,
@@ -135,6 +144,9 @@ mod tests {
                 direction: "up".into(),
                 excess_ns: 0,
                 detail: "d".into(),
+                loss_ratio: 0.05,
+                loss_ratio_stderr: 0.01,
+                score: 0.0,
             }),
         };
         let mut r = FindingRecord::from_finding(&f, base);
@@ -145,6 +157,8 @@ mod tests {
         assert_eq!(j["evidence"]["flow_labels"], json!([7, 9]));
         assert_eq!(j["evidence"]["symptom"], "loss");
         assert_eq!(j["evidence"]["id"], 4);
+        assert_eq!(j["severity"], "degraded");
+        assert_eq!(j["evidence"]["loss_ratio"], 0.05);
         f.open = false;
         f.resolved_unix_ns = base + 965_500_000_000;
         f.confidence = 0.9;

@@ -15,6 +15,7 @@ use std::fmt;
 use serde::Deserialize;
 use serde_json::Value;
 
+use crate::background::{self, Background};
 use crate::fabric::{parse_location, Location};
 
 /// Bounds beyond the obvious ones (the GID and name schemes, and sanity).
@@ -30,6 +31,8 @@ pub struct Scenario {
     pub duration_sec: u64,
     pub fabric: FabricSpec,
     pub faults: Vec<Fault>,
+    /// What the fault-free fabric does to packets (loss, queueing).
+    pub background: Background,
 }
 
 /// The two-tier Clos fabric (see the crate documentation for the naming and the rail
@@ -79,6 +82,9 @@ pub enum FaultKind {
     RnicDown,
     /// Down for the first `down_fraction` of every `period_sec` (seeded phase).
     RnicFlap { period_sec: f64, down_fraction: f64 },
+    /// Every packet to or from the RNIC is dropped with `loss` (a degraded RNIC: a dirty
+    /// cable or optic, a port error burst).
+    RnicLoss { loss: f64 },
     /// The host's packet processing stalls: extra delay ~ Exp(mean `delay_us`) per
     /// packet it handles, and 2% of them late beyond the probe timeout.
     HostStall { delay_us: f64 },
@@ -93,9 +99,10 @@ pub enum FaultKind {
 }
 
 /// The kinds, as scenario files name them.
-pub const FAULT_KINDS: [&str; 7] = [
+pub const FAULT_KINDS: [&str; 8] = [
     "rnic_down",
     "rnic_flap",
+    "rnic_loss",
     "host_stall",
     "tor_down",
     "link_loss",
@@ -108,6 +115,7 @@ impl FaultKind {
         match self {
             FaultKind::RnicDown => "rnic_down",
             FaultKind::RnicFlap { .. } => "rnic_flap",
+            FaultKind::RnicLoss { .. } => "rnic_loss",
             FaultKind::HostStall { .. } => "host_stall",
             FaultKind::TorDown => "tor_down",
             FaultKind::LinkLoss { .. } => "link_loss",
@@ -119,7 +127,9 @@ impl FaultKind {
     /// The finding kind the controller should report for this fault.
     pub fn finding_kind(&self) -> &'static str {
         match self {
-            FaultKind::RnicDown | FaultKind::RnicFlap { .. } => "rnic",
+            FaultKind::RnicDown | FaultKind::RnicFlap { .. } | FaultKind::RnicLoss { .. } => {
+                "rnic"
+            }
             FaultKind::HostStall { .. } => "host",
             FaultKind::TorDown => "tor",
             FaultKind::LinkLoss { .. } | FaultKind::LinkDown | FaultKind::LinkLatency { .. } => {
@@ -144,6 +154,7 @@ impl FaultKind {
             "rnic_flap" => &["period_sec", "down_fraction"],
             "host_stall" => &["delay_us"],
             "link_loss" => &["loss", "direction"],
+            "rnic_loss" => &["loss"],
             "link_latency" => &["add_us", "direction"],
             _ => &[],
         }
@@ -210,6 +221,7 @@ struct RawScenario {
     duration_sec: Option<Value>,
     fabric: Option<Value>,
     faults: Option<Value>,
+    background: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -319,11 +331,16 @@ impl Scenario {
                 ))
             }
         };
+        let background = match &raw.background {
+            None | Some(Value::Null) => Background::default(),
+            Some(v) => background::parse(v)?,
+        };
         let s = Scenario {
             seed,
             duration_sec,
             fabric,
             faults,
+            background,
         };
         s.validate()?;
         Ok(s)
@@ -335,6 +352,7 @@ impl Scenario {
             return err("duration_sec must be > 0");
         }
         self.fabric.validate()?;
+        self.background.validate()?;
         for (i, f) in self.faults.iter().enumerate() {
             self.validate_fault(i, f)?;
         }
@@ -391,7 +409,7 @@ impl Scenario {
                     return err(format!("{at}: delay_us must be > 0, got {delay_us}"));
                 }
             }
-            FaultKind::LinkLoss { loss, .. } => {
+            FaultKind::LinkLoss { loss, .. } | FaultKind::RnicLoss { loss } => {
                 if !(loss > 0.0 && loss <= 1.0) {
                     return err(format!("{at}: loss must be in (0, 1], got {loss}"));
                 }
@@ -634,6 +652,9 @@ fn parse_fault(i: usize, v: Value) -> Result<Fault, ScenarioError> {
         "rnic_flap" => FaultKind::RnicFlap {
             period_sec: num(&raw.period_sec, "period_sec")?,
             down_fraction: num(&raw.down_fraction, "down_fraction")?,
+        },
+        "rnic_loss" => FaultKind::RnicLoss {
+            loss: num(&raw.loss, "loss")?,
         },
         "host_stall" => FaultKind::HostStall {
             delay_us: num(&raw.delay_us, "delay_us")?,

@@ -63,6 +63,7 @@ use rpingmesh_protocol::responder::Responder;
 use rpingmesh_protocol::schedule::ProbeScheduler;
 use rpingmesh_protocol::{PinglistKind, TargetId};
 
+use crate::background::Background;
 use crate::fabric::Fabric;
 use crate::faults::FaultPlan;
 use crate::output::FindingRecord;
@@ -73,8 +74,6 @@ use crate::scenario::{Scenario, ScenarioError};
 /// delays are `base + uniform[0, span)` ns, plus, with `HICCUP_PROBABILITY`, an
 /// exponential scheduling hiccup of mean `HICCUP_MEAN_NS`.
 pub mod noise {
-    /// Loss probability of one packet on one link traversal.
-    pub const BACKGROUND_LOSS_PER_LINK: f64 = 1e-6;
     /// Prober: T1 (clock read) to T2 (the probe leaves the NIC).
     pub const PROBER_TX_NS: (u64, u64) = (2_000, 1_000);
     /// Responder: T3 (probe arrives) to T4 (first ACK leaves).
@@ -153,6 +152,8 @@ impl Default for SimOptions {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ProbeCounts {
     pub sent: u64,
+    /// Of `sent`, the extra probes of adaptive probing (FOCUS targets).
+    pub focus: u64,
     pub success: u64,
     pub lost: u64,
     pub invalid: u64,
@@ -315,6 +316,13 @@ struct Consts {
     jitter: u64,
     bg_local: u64,
     bg_inter: u64,
+    /// With a loss spread: the two host-link traversals of an inter-ToR packet (its
+    /// ToR-spine traversals are drawn per link from `World::link_bg`).
+    bg_hosts: u64,
+    /// A queueing delay on a ToR-local / inter-ToR packet (2 / 4 traversals).
+    queue_local: u64,
+    queue_inter: u64,
+    queue_mean_ns: f64,
     hiccup: u64,
     beyond: u64,
     rotation_sec: u64,
@@ -328,6 +336,9 @@ struct Consts {
 struct World {
     fabric: Fabric,
     plan: FaultPlan,
+    /// Per directed ToR-spine link (`2 * (tor * spines + spine) + down`), its background
+    /// loss threshold; empty when every link has the same (the old single draw).
+    link_bg: Vec<u64>,
     host_off: Vec<u64>,
     k: Consts,
     index: RegistryIndex,
@@ -397,14 +408,20 @@ impl Sim {
         let timeout = opts.probe_timeout_ms.max(1) * 1_000_000;
         let round = opts.probe_interval_ms.max(1) * 1_000_000;
         let spec = &scenario.fabric;
+        let bg = scenario.background;
+        let link_bg = link_backgrounds(&fabric, &bg, &mut Rng::new(derive(seed, 3)));
         let duration = scenario.duration_sec * NS;
         let k = Consts {
             base,
             timeout,
             link: (spec.link_latency_us * 1e3).round() as u64,
             jitter: (spec.link_jitter_us * 1e3).round() as u64,
-            bg_local: threshold(2.0 * noise::BACKGROUND_LOSS_PER_LINK),
-            bg_inter: threshold(4.0 * noise::BACKGROUND_LOSS_PER_LINK),
+            bg_local: threshold(2.0 * bg.loss_per_link),
+            bg_inter: threshold(4.0 * bg.loss_per_link),
+            bg_hosts: threshold(2.0 * bg.loss_per_link),
+            queue_local: threshold(2.0 * bg.queue_probability),
+            queue_inter: threshold(4.0 * bg.queue_probability),
+            queue_mean_ns: bg.queue_mean_us * 1e3,
             hiccup: threshold(noise::HICCUP_PROBABILITY),
             beyond: threshold(noise::STALL_BEYOND_TIMEOUT),
             rotation_sec: opts.flow_label_rotation_sec,
@@ -454,6 +471,7 @@ impl Sim {
             w: World {
                 fabric,
                 plan,
+                link_bg,
                 host_off,
                 k,
                 index,
@@ -962,6 +980,19 @@ fn apply_pinglists(w: &World, node: &mut Node, lists: &[(PinglistKind, Vec<PingT
         .set_targets(PinglistKind::InterTor, inter_tor, rate, mono);
 }
 
+/// Per directed ToR-spine link, its background loss threshold (empty without a spread:
+/// every link then has the same, drawn once per packet as before).
+fn link_backgrounds(fabric: &Fabric, bg: &Background, rng: &mut Rng) -> Vec<u64> {
+    if bg.loss_spread <= 1.0 {
+        return Vec::new();
+    }
+    let links = 2 * (fabric.spec.tors * fabric.spec.spines) as usize;
+    let ln = bg.loss_spread.ln();
+    (0..links)
+        .map(|_| threshold(bg.loss_per_link * (ln * (2.0 * rng.unit() - 1.0)).exp()))
+        .collect()
+}
+
 impl World {
     /// An endpoint processing delay: base + uniform jitter, sometimes a hiccup.
     #[inline]
@@ -1003,20 +1034,39 @@ impl World {
     ) -> Option<u64> {
         let p = &self.plan;
         let k = &self.k;
-        if p.rnic_down(src, t) {
+        if p.rnic_drops(src, t, rng) {
             return None;
         }
-        let bg = if spine.is_some() {
-            k.bg_inter
-        } else {
-            k.bg_local
-        };
-        if rng.hit(bg) {
-            return None;
+        match spine {
+            Some(s) if !self.link_bg.is_empty() => {
+                let i = 2 * (st * self.fabric.spec.spines + s) as usize;
+                let j = 2 * (dt * self.fabric.spec.spines + s) as usize + 1;
+                if rng.hit(k.bg_hosts) || rng.hit(self.link_bg[i]) || rng.hit(self.link_bg[j]) {
+                    return None;
+                }
+            }
+            _ => {
+                let bg = if spine.is_some() {
+                    k.bg_inter
+                } else {
+                    k.bg_local
+                };
+                if rng.hit(bg) {
+                    return None;
+                }
+            }
         }
         let j = rng.next_u64();
         let lat = |i: u32| k.link + ((((j >> (16 * i)) & 0xFFFF) * k.jitter) >> 16);
         let mut t = t + lat(0);
+        let queue = if spine.is_some() {
+            k.queue_inter
+        } else {
+            k.queue_local
+        };
+        if queue > 0 && rng.hit(queue) {
+            t += rng.exp(k.queue_mean_ns) as u64;
+        }
         if p.tor_down(st, t) {
             return None;
         }
@@ -1032,7 +1082,7 @@ impl World {
         } else {
             t += lat(1);
         }
-        if p.rnic_down(dst, t) {
+        if p.rnic_drops(dst, t, rng) {
             return None;
         }
         Some(t)
@@ -1098,8 +1148,11 @@ fn probe(
         // The ACKs take the probe's flow label, hence the reverse route of that label.
         let arr1 = w.traverse((b, tor_b), (a, tor_a), rev, v4, rng);
         let v4b = v4 + w.endpoint(noise::SECOND_ACK_GAP_NS, rng);
+        // The two ACKs share their path's queues: the second never overtakes the first.
         let arr2 = match ack2 {
-            Some(_) => w.traverse((b, tor_b), (a, tor_a), rev, v4b, rng),
+            Some(_) => w
+                .traverse((b, tor_b), (a, tor_a), rev, v4b, rng)
+                .map(|t2| arr1.map_or(t2, |t1| t2.max(t1 + 1))),
             None => None,
         };
         let first = match (arr1, arr2) {

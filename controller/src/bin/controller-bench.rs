@@ -681,6 +681,7 @@ fn localize_window(rnics: u64, start: u64) -> (Vec<PathSummary>, Places, Topolog
                         probe_failed: if lost { total } else { 0 },
                         network_rtt_p50_ns: if lost { 0 } else { 10_000 },
                         network_rtt_max_ns: if lost { 0 } else { 10_000 },
+                        probe_invalid: 0,
                     });
                     s.probe_failed += if lost { total } else { 0 };
                 }

@@ -95,6 +95,15 @@ pub enum Symptom {
 }
 
 impl Symptom {
+    /// "down" when the component does not work (down, flapping), "degraded" when it
+    /// works but loses, delays or stalls what crosses it.
+    pub fn severity(self) -> &'static str {
+        match self {
+            Symptom::Down | Symptom::Flapping => "down",
+            _ => "degraded",
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Symptom::Down => "down",
@@ -122,6 +131,8 @@ pub struct LocalizerParams {
     pub min_link_probes: u64,
     /// Resolved findings kept in memory.
     pub resolved_capacity: usize,
+    /// The gray-failure detector (statistical, below any SLA).
+    pub gray: GrayParams,
 }
 
 impl Default for LocalizerParams {
@@ -134,6 +145,7 @@ impl Default for LocalizerParams {
             latency_excess_ns: 50_000,
             min_link_probes: 20,
             resolved_capacity: 1000,
+            gray: GrayParams::default(),
         }
     }
 }
@@ -162,6 +174,7 @@ struct Candidate {
 pub struct Localizer {
     params: LocalizerParams,
     topology: Option<Topology>,
+    gray: GrayDetector,
     candidates: HashMap<(ComponentKind, String), Candidate>,
     open: BTreeMap<u64, Finding>,
     resolved: VecDeque<Finding>,
@@ -170,9 +183,12 @@ pub struct Localizer {
 
 impl Localizer {
     pub fn new(params: LocalizerParams, topology: Option<Topology>) -> Self {
+        let mut gp = params.gray;
+        gp.resolve_after_windows = params.resolve_after_windows;
         Localizer {
             params,
             topology,
+            gray: GrayDetector::new(gp),
             candidates: HashMap::new(),
             open: BTreeMap::new(),
             resolved: VecDeque::new(),
@@ -193,9 +209,32 @@ impl Localizer {
     /// Starts over from `findings`: a replica taking over analysis continues the previous
     /// leader's stored findings (same ids, no second finding for a component).
     pub fn reset_to(&mut self, findings: Vec<Finding>) {
+        let baseline = std::mem::take(&mut self.gray.baseline);
         let fresh = Localizer::new(self.params, self.topology.take());
         *self = fresh;
+        self.gray.baseline = baseline;
         self.restore(findings);
+    }
+
+    /// The learned baseline, for the store.
+    pub fn baseline_json(&self) -> Vec<u8> {
+        self.gray.baseline.to_json()
+    }
+
+    /// Windows the baseline has learned from.
+    pub fn baseline_windows(&self) -> u64 {
+        self.gray.baseline.windows
+    }
+
+    /// Takes a stored baseline over (a restarted controller does not start cold).
+    pub fn restore_baseline(&mut self, json: &[u8]) -> Result<(), String> {
+        self.gray.baseline = Baseline::from_json(json)?;
+        Ok(())
+    }
+
+    /// What the gray detector suspects but has not proven (last window).
+    pub fn suspects(&self) -> &[Suspect] {
+        self.gray.suspects()
     }
 
     pub fn restore(&mut self, findings: Vec<Finding>) {
@@ -231,8 +270,54 @@ impl Localizer {
         inv: &dyn Inventory,
         now_unix_ns: u64,
     ) -> Vec<FindingEvent> {
-        let blames = explain(&self.params, self.topology.as_ref(), paths, inv);
+        let paths: Vec<&PathSummary> = paths.into_iter().collect();
+        let blames = self.explain_window(&paths, inv);
         self.apply(window_start_unix_ns, blames, now_unix_ns)
+    }
+
+    /// One window's blames: stalled hosts first (their paths' timeouts are their own),
+    /// then the rules (what breaks outright), then the gray detector on what the rules
+    /// did not blame; one blame per component.
+    fn explain_window(
+        &mut self,
+        paths: &[&PathSummary],
+        inv: &dyn Inventory,
+    ) -> Vec<Blame> {
+        let topo = self.topology.as_ref();
+        let placed = Placed::new(paths, inv);
+        let hw = hoststat::gather(&placed, &self.gray.baseline);
+        let (host_blames, skip_host) = self.gray.hosts(&placed, &hw);
+        let mut skip = vec![false; paths.len()];
+        for r in &placed.paths {
+            if skip_host[placed.host_of(r.src) as usize] || skip_host[placed.host_of(r.dst) as usize]
+            {
+                skip[r.index as usize] = true;
+            }
+        }
+        let rules = explain_window(&self.params, topo, paths, inv, &skip);
+        let gray = self.gray.network(
+            &placed,
+            topo,
+            &Skip {
+                paths: &rules.blamed_paths,
+                links: &rules.blamed_links,
+            },
+            &skip_host,
+        );
+        hw.learn(&placed, &mut self.gray.baseline, &skip_host);
+        self.gray.end_window();
+        let open_score = self.params.gray.open_score;
+        let mut gray = naming::blames(
+            host_blames.into_iter().chain(gray).collect(),
+            &placed,
+            paths,
+            topo,
+            open_score,
+        );
+        let mut out = rules.blames;
+        gray.retain(|g| !out.iter().any(|b| b.kind == g.kind && b.location == g.location));
+        out.extend(gray);
+        out
     }
 
     /// Moves the findings with one window's blames (hysteresis).
@@ -259,6 +344,7 @@ impl Localizer {
                     // "down" is not taken back by it.
                     if f.symptom != Symptom::Down.as_str() {
                         f.symptom = b.symptom.as_str().to_string();
+                        f.severity = b.symptom.severity().to_string();
                     }
                     let windows = f.evidence.as_ref().map_or(0, |e| e.windows) + 1;
                     let mut ev = b.evidence;
@@ -278,6 +364,7 @@ impl Localizer {
                             id,
                             kind: b.kind.as_str().to_string(),
                             location: b.location,
+                            severity: b.symptom.severity().to_string(),
                             symptom: b.symptom.as_str().to_string(),
                             confidence: b.confidence,
                             opened_unix_ns: now_unix_ns,
@@ -362,8 +449,23 @@ fn event(change: &str, f: &Finding) -> FindingEvent {
     }
 }
 
+mod baseline;
+mod evidence;
+mod gray;
+mod hoststat;
+mod naming;
+mod placed;
 mod rules;
-pub use rules::explain;
+mod stats;
+
+pub use baseline::Baseline;
+pub use evidence::Component;
+pub use gray::{GrayParams, Suspect, Test};
+pub use rules::{explain, explain_window, RulesOutcome};
+
+use evidence::Skip;
+use gray::GrayDetector;
+use placed::Placed;
 
 #[cfg(test)]
 mod tests;

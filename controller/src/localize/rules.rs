@@ -9,6 +9,7 @@ use foldhash::{HashMap, HashMapExt};
 use rpingmesh_proto::controller_agent::PathSummary;
 use rpingmesh_proto::operator::{FindingEvidence, FindingPath};
 
+use super::placed::Names;
 use super::{Blame, ComponentKind, Inventory, LocalizerParams, Symptom};
 use crate::topology::{DirLink, LinkDir, Topology};
 
@@ -37,25 +38,6 @@ const MANY_LINKS: usize = 3;
 /// Slow (pair, label) tuples a link needs before it is blamed for latency.
 const MIN_SLOW_TUPLES: f64 = 3.0;
 
-/// Interned names (ToRs, hosts): windows see each many times.
-#[derive(Default)]
-struct Names {
-    ids: HashMap<String, u32>,
-    names: Vec<String>,
-}
-
-impl Names {
-    fn id(&mut self, name: &str) -> u32 {
-        if let Some(&i) = self.ids.get(name) {
-            return i;
-        }
-        let i = self.names.len() as u32;
-        self.ids.insert(name.to_string(), i);
-        self.names.push(name.to_string());
-        i
-    }
-}
-
 struct Rnic<'a> {
     gid: &'a str,
     host: u32,
@@ -64,9 +46,13 @@ struct Rnic<'a> {
 
 struct Rec<'a> {
     s: &'a PathSummary,
+    /// Index in the window's path list.
+    index: u32,
     src: u32,
     dst: u32,
     explained: bool,
+    /// Explained by a blame (not only grazed): the gray detector leaves it out.
+    blamed: bool,
 }
 
 impl Rec<'_> {
@@ -99,6 +85,7 @@ struct Window<'a> {
     hosts: Names,
     recs: Vec<Rec<'a>>,
     blames: Vec<Blame>,
+    blamed_links: Vec<DirLink>,
 }
 
 /// Per-RNIC loss over the paths not yet explained.
@@ -157,6 +144,27 @@ pub fn explain<'a>(
     paths: impl IntoIterator<Item = &'a PathSummary>,
     inv: &dyn Inventory,
 ) -> Vec<Blame> {
+    let paths: Vec<&PathSummary> = paths.into_iter().collect();
+    explain_window(params, topology, &paths, inv, &vec![false; paths.len()]).blames
+}
+
+/// What the rules made of a window.
+pub struct RulesOutcome {
+    pub blames: Vec<Blame>,
+    /// Per path of the window: explained by one of the blames.
+    pub blamed_paths: Vec<bool>,
+    /// Directed links a link blame explained.
+    pub blamed_links: Vec<DirLink>,
+}
+
+/// The rules over one window, `skip[i]` marking paths already explained (a stalled host's).
+pub fn explain_window(
+    params: &LocalizerParams,
+    topology: Option<&Topology>,
+    paths: &[&PathSummary],
+    inv: &dyn Inventory,
+    skip: &[bool],
+) -> RulesOutcome {
     let mut w = Window {
         params,
         rnics: Vec::new(),
@@ -165,8 +173,9 @@ pub fn explain<'a>(
         hosts: Names::default(),
         recs: Vec::new(),
         blames: Vec::new(),
+        blamed_links: Vec::new(),
     };
-    for s in paths {
+    for (i, &s) in paths.iter().enumerate() {
         if s.probe_total == 0 {
             continue;
         }
@@ -177,9 +186,11 @@ pub fn explain<'a>(
         }
         w.recs.push(Rec {
             s,
+            index: i as u32,
             src,
             dst,
-            explained: false,
+            explained: skip[i],
+            blamed: false,
         });
     }
     w.hosts_step();
@@ -189,7 +200,15 @@ pub fn explain<'a>(
         Some(t) if t.ecmp().is_some() => w.link_step(t),
         _ => w.tor_side_step(),
     }
-    w.blames
+    let mut blamed_paths = vec![false; paths.len()];
+    for r in w.recs.iter().filter(|r| r.blamed) {
+        blamed_paths[r.index as usize] = true;
+    }
+    RulesOutcome {
+        blames: w.blames,
+        blamed_paths,
+        blamed_links: w.blamed_links,
+    }
 }
 
 impl<'a> Window<'a> {
@@ -273,6 +292,7 @@ impl<'a> Window<'a> {
                 let on = [r.src, r.dst].map(|x| self.rnics[x as usize].host);
                 if on.contains(&h) {
                     r.explained = true;
+                    r.blamed = true;
                     ev.add(r.s);
                     if r.s.probe_success > 0 {
                         rtt.push(r.s.network_rtt_p50_ns);
@@ -348,11 +368,14 @@ impl<'a> Window<'a> {
                 continue;
             }
             let mut ev = Evidence::default();
-            for r in self.recs.iter_mut().filter(|r| !r.explained) {
+            for r in self.recs.iter_mut() {
                 let on = [r.src, r.dst].map(|x| self.rnics[x as usize].tor);
                 if on.contains(&tor) {
-                    r.explained = true;
-                    ev.add(r.s);
+                    r.blamed = true;
+                    if !r.explained {
+                        r.explained = true;
+                        ev.add(r.s);
+                    }
                 }
             }
             let mut e = ev.finish();
@@ -397,8 +420,9 @@ impl<'a> Window<'a> {
         }
         for (x, s) in blamed {
             let mut ev = Evidence::default();
-            for r in self.recs.iter_mut().filter(|r| !r.explained) {
-                if r.src == x || r.dst == x {
+            for r in self.recs.iter_mut().filter(|r| r.src == x || r.dst == x) {
+                r.blamed = true;
+                if !r.explained {
                     r.explained = true;
                     ev.add(r.s);
                 }
@@ -588,6 +612,8 @@ impl<'a> Window<'a> {
                 continue;
             }
             let location = topo.link_name(tor, spine);
+            self.blamed_links
+                .extend(lb.dirs.iter().map(|&d| (tor, spine, d)));
             let blame = lb.into_blame(location, &self.recs, self.params);
             self.blames.push(blame);
         }
@@ -684,6 +710,9 @@ impl<'a> Window<'a> {
                     }
                 }
                 let location = format!("{}/uplink", self.tors.names[tor as usize]);
+                for &ri in &lb.recs {
+                    self.recs[ri as usize].blamed = true;
+                }
                 let mut blame = lb.into_blame(location, &self.recs, self.params);
                 // The side, not the link: half as sure.
                 blame.confidence *= 0.5;

@@ -147,6 +147,7 @@ impl Fab {
                     flow_label: label,
                     probe_total: per_label,
                     probe_failed: failed,
+                    probe_invalid: 0,
                     network_rtt_p50_ns: if failed < per_label {
                         BASE_RTT + add
                     } else {
@@ -680,6 +681,7 @@ fn an_rnic_down_for_a_moment_of_the_window_leaves_no_link_finding() {
                         probe_failed: (i < 2) as u32,
                         network_rtt_p50_ns: BASE_RTT,
                         network_rtt_max_ns: BASE_RTT,
+                        probe_invalid: 0,
                     })
                     .collect();
             }

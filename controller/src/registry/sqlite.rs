@@ -369,6 +369,7 @@ mod tests {
             kind: "rnic".into(),
             location: format!("host-{id}/mlx5_0"),
             symptom: "down".into(),
+            severity: "down".into(),
             confidence: 0.75,
             opened_unix_ns: 1_000 + id,
             last_seen_unix_ns: 2_000 + id,
@@ -390,6 +391,9 @@ mod tests {
                 direction: "up".into(),
                 excess_ns: 0,
                 detail: "12 of 12 paths to and from it fail".into(),
+                loss_ratio: 0.0,
+                loss_ratio_stderr: 0.0,
+                score: 0.0,
             }),
         }
     }

@@ -1,42 +1,66 @@
 //! sim-eval: the localization accuracy evaluation, one JSON object per line on stdout
 //! (`cargo xtask bench` puts them in BENCHMARKS.md).
 //!
-//! - localization: per fault kind, over a suite of randomized seeded scenarios on 512-RNIC
-//!   fabrics (see `rpingmesh_sim::eval`): precision, recall, exact-location rate and
-//!   detection time in analysis windows.
+//! The black suite (`rpingmesh_sim::eval`): per fault kind, randomized seeded scenarios on
+//! 512-RNIC fabrics with faults well above any SLA.
+//! - localization: precision, recall, exact-location rate, detection time in windows.
 //! - localization_fault_free: findings over fault-free simulated hours (target: none).
 //! - localization_suite: the suite's size and cost.
 //!
-//! `--scenarios N` (default 304), `--fault-free-hours H` (default 24), `--seed S`,
-//! `--jobs J` (default: available cores), `--quick` (a smoke: 16 scenarios, 1 hour),
-//! `--only N` (suite scenario N alone, its findings printed).
+//! The gray suite (`rpingmesh_sim::gray`): faults below the SLAs on 1,024-RNIC fabrics
+//! over a realistic background.
+//! - gray_localization: per kind and magnitude, for faults of 3 windows and more.
+//! - gray_short_faults: recall on faults shorter than 3 windows.
+//! - gray_suite: the suite's size and cost, and the extra probes adaptive probing sent.
+//! - fault_free_day: findings over 24 fault-free hours of a 2,048-RNIC fabric.
+//!
+//! `--suite black|gray|all` (default all), `--scenarios N` (black, default 304),
+//! `--gray-scenarios N` (default 192), `--fault-free-hours H` (black, default 24),
+//! `--day-hours H` (default 24), `--seed S`, `--jobs J` (default: available cores),
+//! `--quick` (a smoke: 16 + 16 scenarios, 1 + 1 hours), `--only N` / `--only-gray N`
+//! (that scenario alone, its findings printed).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
 use rpingmesh_sim::eval::{
-    report, score, suite_fabric, suite_scenario, ScenarioScore, SUITE_FABRICS,
+    report, report_by_magnitude, score, suite_scenario, KindReport, ScenarioScore, BLACK_KINDS,
+    SUITE_FABRICS,
 };
-use rpingmesh_sim::{try_run, Scenario, SimOptions};
-use serde_json::json;
+use rpingmesh_sim::gray::{fault_free_hour, gray_scenario, GRAY_FABRICS, GRAY_KINDS};
+use rpingmesh_sim::{try_run, Scenario, SimOptions, SimOutcome};
+use serde_json::{json, Value};
+
+/// Gray faults this many windows long and more are held to the targets.
+const SCORED_WINDOWS: f64 = 3.0;
 
 struct Args {
+    black: bool,
+    gray: bool,
     scenarios: usize,
+    gray_scenarios: usize,
     fault_free_hours: u64,
+    day_hours: u64,
     seed: u64,
     jobs: usize,
-    /// Run only suite scenario N and print its findings (for whoever tunes the rules).
+    /// Run only that scenario and print its findings (for whoever tunes the analyzer).
     only: Option<usize>,
+    only_gray: Option<usize>,
 }
 
 fn parse() -> Result<Args, String> {
     let mut a = Args {
+        black: true,
+        gray: true,
         scenarios: 304,
+        gray_scenarios: 192,
         fault_free_hours: 24,
+        day_hours: 24,
         seed: 2026,
         jobs: std::thread::available_parallelism().map_or(1, |n| n.get()),
         only: None,
+        only_gray: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -48,13 +72,27 @@ fn parse() -> Result<Args, String> {
         };
         match flag.as_str() {
             "--scenarios" => a.scenarios = value("--scenarios")? as usize,
+            "--gray-scenarios" => a.gray_scenarios = value("--gray-scenarios")? as usize,
             "--fault-free-hours" => a.fault_free_hours = value("--fault-free-hours")?,
+            "--day-hours" => a.day_hours = value("--day-hours")?,
             "--seed" => a.seed = value("--seed")?,
             "--jobs" => a.jobs = (value("--jobs")? as usize).max(1),
             "--only" => a.only = Some(value("--only")? as usize),
+            "--only-gray" => a.only_gray = Some(value("--only-gray")? as usize),
             "--quick" => {
                 a.scenarios = 16;
+                a.gray_scenarios = 16;
                 a.fault_free_hours = 1;
+                a.day_hours = 1;
+            }
+            "--suite" => {
+                let v = it.next().ok_or("--suite needs a value")?;
+                (a.black, a.gray) = match v.as_str() {
+                    "black" => (true, false),
+                    "gray" => (false, true),
+                    "all" => (true, true),
+                    other => return Err(format!("--suite: black, gray or all, not {other:?}")),
+                };
             }
             other => return Err(format!("unknown argument {other:?}")),
         }
@@ -101,118 +139,131 @@ fn describe(s: &Scenario) -> String {
         })
         .collect();
     format!(
-        "{}x{}x{}x{}: {}",
+        "{}x{}x{}x{}{}: {}",
         s.fabric.tors,
         s.fabric.spines,
         s.fabric.hosts_per_tor,
         s.fabric.rnics_per_host,
+        if s.fabric.rail_optimized { " rail" } else { "" },
         f.join("; ")
     )
 }
 
-fn main() {
-    let a = match parse() {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("sim-eval: {e}");
-            std::process::exit(2);
-        }
-    };
-    let opts = SimOptions::default();
+/// One scenario's run, scored.
+struct Run {
+    score: ScenarioScore,
+    probes: u64,
+    focus_probes: u64,
+    sec: u64,
+    fault_free: bool,
+}
+
+/// Runs and scores one scenario; every miss and false finding goes to stderr, for
+/// whoever tunes the analyzer.
+fn run_scored(name: &str, i: usize, s: &Scenario, opts: &SimOptions) -> Run {
     let window = opts.window_sec as f64;
-    if let Some(i) = a.only {
-        let s = suite_scenario(a.seed, i);
-        println!("{}", describe(&s));
-        let out = try_run(&s, &opts).unwrap_or_else(|e| panic!("suite scenario {i}: {e}"));
-        print!("{}", out.findings_jsonl());
-        return;
-    }
-    let t0 = Instant::now();
-    let runs: Vec<(ScenarioScore, u64, u64, bool)> = parallel(a.scenarios, a.jobs, |i| {
-        let s = suite_scenario(a.seed, i);
-        let out = try_run(&s, &opts).unwrap_or_else(|e| panic!("suite scenario {i}: {e}"));
-        let sc = score(&s, &out.findings, window);
-        // Every miss and every false finding, on stderr, for whoever tunes the rules.
-        for (f, (_, truth)) in out.findings.iter().zip(&sc.findings) {
-            if !truth {
-                eprintln!(
-                    "sim-eval: scenario {i}: false finding {} {} {} [{:.0}, {:?}] ({}); faults: {}",
-                    f.kind,
-                    f.location,
-                    f.symptom,
-                    f.opened_sec,
-                    f.resolved_sec,
-                    f.evidence.detail,
-                    describe(&s)
-                );
-            }
-        }
-        for g in sc.faults.iter().filter(|g| !g.detected) {
+    let lag = window + opts.analyzer.localize_settle_ns as f64 / 1e9;
+    let out: SimOutcome =
+        try_run(s, opts).unwrap_or_else(|e| panic!("{name} scenario {i}: {e}"));
+    let sc = score(s, &out.findings, window, lag);
+    for (f, (_, truth)) in out.findings.iter().zip(&sc.findings) {
+        if !truth {
             eprintln!(
-                "sim-eval: scenario {i}: missed {}; faults: {}",
-                g.kind,
-                describe(&s)
+                "sim-eval: {name} {i}: false finding {} {} {} [{:.0}, {:?}] ({}); faults: {}",
+                f.kind,
+                f.location,
+                f.symptom,
+                f.opened_sec,
+                f.resolved_sec,
+                f.evidence.detail,
+                describe(s)
             );
         }
-        (sc, out.probes.sent, s.duration_sec, s.faults.is_empty())
-    });
-    let suite_wall = t0.elapsed().as_secs_f64();
-    let scores: Vec<ScenarioScore> = runs.iter().map(|r| r.0.clone()).collect();
-    for (kind, r) in report(&scores) {
-        let (mean, p95, max) = r.detection();
-        println!(
-            "{}",
-            json!({
-                "bench": "localization",
-                "fault_kind": kind,
-                "faults": r.faults,
-                "detected": r.detected,
-                "true_findings": r.true_findings,
-                "false_findings": r.false_findings,
-                "precision": r.precision(),
-                "recall": r.recall(),
-                "exact_location_rate": r.exact_location_rate(),
-                "detection_windows_mean": mean,
-                "detection_windows_p95": p95,
-                "detection_windows_max": max,
-            })
+    }
+    for g in sc.faults.iter().filter(|g| !g.detected) {
+        eprintln!(
+            "sim-eval: {name} {i}: missed {} {}; faults: {}",
+            g.kind,
+            g.magnitude,
+            describe(s)
         );
     }
-    let probes: u64 = runs.iter().map(|r| r.1).sum();
-    let suite_fault_free: Vec<&(ScenarioScore, u64, u64, bool)> =
-        runs.iter().filter(|r| r.3).collect();
+    Run {
+        score: sc,
+        probes: out.probes.sent,
+        focus_probes: out.probes.focus,
+        sec: s.duration_sec,
+        fault_free: s.faults.is_empty(),
+    }
+}
+
+fn kind_row(bench: &str, kind: &str, magnitude: Option<&str>, r: &KindReport) -> Value {
+    let (mean, p95, max) = r.detection();
+    let mut v = json!({
+        "bench": bench,
+        "fault_kind": kind,
+        "faults": r.faults,
+        "detected": r.detected,
+        "recall": r.recall(),
+        "exact_location_rate": r.exact_location_rate(),
+        "detection_windows_mean": mean,
+        "detection_windows_p95": p95,
+        "detection_windows_max": max,
+    });
+    match magnitude {
+        Some(m) => v["magnitude"] = json!(m),
+        None => {
+            v["true_findings"] = json!(r.true_findings);
+            v["false_findings"] = json!(r.false_findings);
+            v["precision"] = json!(r.precision());
+        }
+    }
+    v
+}
+
+fn black_suite(a: &Args, opts: &SimOptions) {
+    let t0 = Instant::now();
+    let runs: Vec<Run> = parallel(a.scenarios, a.jobs, |i| {
+        run_scored("black", i, &suite_scenario(a.seed, i), opts)
+    });
+    let suite_wall = t0.elapsed().as_secs_f64();
+    let scores: Vec<ScenarioScore> = runs.iter().map(|r| r.score.clone()).collect();
+    for (kind, r) in report(&scores, &BLACK_KINDS) {
+        println!("{}", kind_row("localization", kind, None, &r));
+    }
+    let fault_free: Vec<&Run> = runs.iter().filter(|r| r.fault_free).collect();
     println!(
         "{}",
         json!({
             "bench": "localization_suite",
             "scenarios": a.scenarios,
-            "fault_free_scenarios": suite_fault_free.len(),
+            "fault_free_scenarios": fault_free.len(),
             "faults": scores.iter().map(|s| s.faults.len()).sum::<usize>(),
             "rnics_per_fabric": 512,
             "fabrics": SUITE_FABRICS.iter().map(|f| format!("{}x{} ToRs x spines, {} hosts/ToR x {} RNICs", f.0, f.1, f.2, f.3)).collect::<Vec<_>>(),
-            "simulated_sec": runs.iter().map(|r| r.2).sum::<u64>(),
-            "probes": probes,
+            "simulated_sec": runs.iter().map(|r| r.sec).sum::<u64>(),
+            "probes": runs.iter().map(|r| r.probes).sum::<u64>(),
             "wall_sec": suite_wall,
             "jobs": a.jobs,
             "seed": a.seed,
         })
     );
-
-    // Fault-free hours: hour-long runs of the first fabric, one per hour.
+    // Fault-free hours: hour-long runs of the four fabrics, one per hour.
     let t1 = Instant::now();
     let hours = a.fault_free_hours as usize;
     let quiet: Vec<(usize, u64)> = parallel(hours, a.jobs, |h| {
         let s = Scenario {
             seed: a.seed ^ 0xFA17_F8EE ^ h as u64,
             duration_sec: 3600,
-            fabric: suite_fabric(h),
+            fabric: rpingmesh_sim::eval::suite_fabric(h),
             faults: Vec::new(),
+            background: Default::default(),
         };
-        let out = try_run(&s, &opts).unwrap_or_else(|e| panic!("fault-free hour {h}: {e}"));
+        let out = try_run(&s, opts).unwrap_or_else(|e| panic!("fault-free hour {h}: {e}"));
         for f in &out.findings {
             eprintln!(
-                "sim-eval: fault-free hour {h}: finding {} {} {} at {:.0} s",
-                f.kind, f.location, f.symptom, f.opened_sec
+                "sim-eval: fault-free hour {h}: finding {} {} {} at {:.0} s ({})",
+                f.kind, f.location, f.symptom, f.opened_sec, f.evidence.detail
             );
         }
         (out.findings.len(), out.probes.sent)
@@ -224,10 +275,117 @@ fn main() {
             "hours": hours,
             "rnics": 512,
             "findings": quiet.iter().map(|q| q.0).sum::<usize>()
-                + suite_fault_free.iter().map(|r| r.0.findings.len()).sum::<usize>(),
-            "suite_fault_free_hours": suite_fault_free.iter().map(|r| r.2).sum::<u64>() as f64 / 3600.0,
+                + fault_free.iter().map(|r| r.score.findings.len()).sum::<usize>(),
+            "suite_fault_free_hours": fault_free.iter().map(|r| r.sec).sum::<u64>() as f64 / 3600.0,
             "probes": quiet.iter().map(|q| q.1).sum::<u64>(),
             "wall_sec": t1.elapsed().as_secs_f64(),
         })
     );
+}
+
+fn gray_suite(a: &Args, opts: &SimOptions) {
+    let t0 = Instant::now();
+    let runs: Vec<Run> = parallel(a.gray_scenarios, a.jobs, |i| {
+        run_scored("gray", i, &gray_scenario(a.seed, i), opts)
+    });
+    let suite_wall = t0.elapsed().as_secs_f64();
+    let scores: Vec<ScenarioScore> = runs.iter().map(|r| r.score.clone()).collect();
+    for ((kind, magnitude), r) in report_by_magnitude(&scores, &GRAY_KINDS, SCORED_WINDOWS) {
+        let m = (magnitude != "all").then_some(magnitude.as_str());
+        println!("{}", kind_row("gray_localization", kind, m, &r));
+    }
+    // Short faults (2 to 3 windows): recall only, the targets are for 3 windows and more.
+    let short: Vec<ScenarioScore> = scores
+        .iter()
+        .map(|s| ScenarioScore {
+            faults: s
+                .faults
+                .iter()
+                .filter(|f| f.length_windows < SCORED_WINDOWS)
+                .cloned()
+                .collect(),
+            findings: Vec::new(),
+        })
+        .collect();
+    for ((kind, magnitude), r) in report_by_magnitude(&short, &GRAY_KINDS, 0.0) {
+        if magnitude == "all" {
+            let mut row = kind_row("gray_short_faults", kind, Some("all"), &r);
+            row.as_object_mut().map(|o| o.remove("magnitude"));
+            println!("{row}");
+        }
+    }
+    let probes: u64 = runs.iter().map(|r| r.probes).sum();
+    let focus: u64 = runs.iter().map(|r| r.focus_probes).sum();
+    println!(
+        "{}",
+        json!({
+            "bench": "gray_suite",
+            "scenarios": a.gray_scenarios,
+            "fault_free_scenarios": runs.iter().filter(|r| r.fault_free).count(),
+            "faults": scores.iter().map(|s| s.faults.len()).sum::<usize>(),
+            "rnics_per_fabric": 1024,
+            "fabrics": GRAY_FABRICS.iter().map(|f| format!("{}x{} ToRs x spines, {} hosts/ToR x {} RNICs{}", f.0, f.1, f.2, f.3, if f.4 { " rail-optimized" } else { "" })).collect::<Vec<_>>(),
+            "simulated_sec": runs.iter().map(|r| r.sec).sum::<u64>(),
+            "probes": probes,
+            "focus_probes": focus,
+            "focus_share": if probes > 0 { focus as f64 / probes as f64 } else { 0.0 },
+            "wall_sec": suite_wall,
+            "jobs": a.jobs,
+            "seed": a.seed,
+        })
+    );
+    let t1 = Instant::now();
+    let hours = a.day_hours as usize;
+    let day: Vec<(usize, u64, u64)> = parallel(hours, a.jobs, |h| {
+        let s = fault_free_hour(a.seed, h);
+        let out = try_run(&s, opts).unwrap_or_else(|e| panic!("fault-free day hour {h}: {e}"));
+        for f in &out.findings {
+            eprintln!(
+                "sim-eval: fault-free day hour {h}: finding {} {} {} at {:.0} s ({})",
+                f.kind, f.location, f.symptom, f.opened_sec, f.evidence.detail
+            );
+        }
+        (out.findings.len(), out.probes.sent, out.probes.focus)
+    });
+    println!(
+        "{}",
+        json!({
+            "bench": "fault_free_day",
+            "hours": hours,
+            "rnics": 2048,
+            "fabric": "64x8 ToRs x spines, 4 hosts/ToR x 8 RNICs",
+            "findings": day.iter().map(|d| d.0).sum::<usize>(),
+            "probes": day.iter().map(|d| d.1).sum::<u64>(),
+            "focus_probes": day.iter().map(|d| d.2).sum::<u64>(),
+            "wall_sec": t1.elapsed().as_secs_f64(),
+        })
+    );
+}
+
+fn main() {
+    let a = match parse() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("sim-eval: {e}");
+            std::process::exit(2);
+        }
+    };
+    let opts = SimOptions::default();
+    let only = match (a.only, a.only_gray) {
+        (Some(i), _) => Some(suite_scenario(a.seed, i)),
+        (_, Some(i)) => Some(gray_scenario(a.seed, i)),
+        _ => None,
+    };
+    if let Some(s) = only {
+        println!("{}", describe(&s));
+        let out = try_run(&s, &opts).unwrap_or_else(|e| panic!("{e}"));
+        print!("{}", out.findings_jsonl());
+        return;
+    }
+    if a.black {
+        black_suite(&a, &opts);
+    }
+    if a.gray {
+        gray_suite(&a, &opts);
+    }
 }

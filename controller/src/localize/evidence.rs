@@ -1,0 +1,395 @@
+//! One window's evidence for the gray detector (pure): for every component a fault could
+//! sit on, what the fleet's baseline expects of the probes crossing it (its exposure),
+//! and the probe units that lost, came back incomplete or were slow (its events).
+//!
+//! A unit is one (path, flow label) of an inter-ToR path with per-label detail, else one
+//! path. Which components a unit crosses:
+//! - its two RNICs and their ToRs (all three packets of a probe cross them);
+//! - with an ECMP model, per label: the probe's two directed ToR-spine links (a drop
+//!   there loses the probe: `failed`) and the ACKs' two (a drop there loses one of the
+//!   two ACKs: `invalid`, twice as likely as a lost probe for the same drop rate);
+//! - without one, the ToR sides (`<tor>/uplink`) of its two ToRs.
+//!
+//! Exposure is in packets a fault would drop (a loss of x per packet crossing makes
+//! `x * exposure` more events), so every kind of component is tested on one scale.
+
+use std::collections::HashMap;
+
+use rpingmesh_proto::controller_agent::PathSummary;
+use rpingmesh_protocol::aggregate::SLOW_LABEL_EXCESS_NS;
+
+use super::baseline::{Baseline, LossBaseline};
+use super::placed::Placed;
+use crate::topology::{DirLink, LinkDir, Topology};
+
+/// What a fault can sit on.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Component {
+    /// By GID.
+    Rnic(String),
+    Host(String),
+    Tor(String),
+    /// A directed ToR-spine link, by topology indices.
+    Link(u32, u32, LinkDir),
+    /// Without an ECMP model: a ToR's uplink side, by ToR name.
+    TorSide(String),
+}
+
+impl Component {
+    /// Links and ToR sides are the only places a delay (not a loss) is looked for.
+    pub fn carries_latency(&self) -> bool {
+        matches!(self, Component::Link(..) | Component::TorSide(_))
+    }
+}
+
+/// Components by id, stable across windows.
+#[derive(Default)]
+pub struct Components {
+    ids: HashMap<Component, u32>,
+    pub list: Vec<Component>,
+}
+
+impl Components {
+    pub fn id(&mut self, c: Component) -> u32 {
+        if let Some(&i) = self.ids.get(&c) {
+            return i;
+        }
+        let i = self.list.len() as u32;
+        self.ids.insert(c.clone(), i);
+        self.list.push(c);
+        i
+    }
+
+    pub fn get(&self, c: &Component) -> Option<u32> {
+        self.ids.get(c).copied()
+    }
+
+    pub fn len(&self) -> usize {
+        self.list.len()
+    }
+}
+
+/// A unit with something to say: events (lost or incomplete probes) or slow probes.
+#[derive(Debug, Clone)]
+pub struct Unit {
+    /// (component, its events) for loss: what this unit's loss says about each.
+    pub loss: Vec<(u32, f64)>,
+    /// Components whose delay this unit's RTT includes.
+    pub latency: Vec<u32>,
+    /// Answered probes on a slow label, and by how much (ns) it was slow.
+    pub slow: f64,
+    pub excess_ns: u64,
+    /// The path (index into the window's path list) and label, for the evidence.
+    pub path: u32,
+    pub label: u32,
+    /// Local or inter-ToR, and its counts, to leave it out of what the baseline learns.
+    pub inter: bool,
+    pub probes: f64,
+    pub failed: f64,
+    pub invalid: f64,
+    pub answered: f64,
+    /// Whether its answered and slow probes are in the window's label totals.
+    pub in_label_totals: bool,
+    /// The component it was put down to (sticky: a finding's evidence stays its own).
+    pub owner: Option<u32>,
+}
+
+/// One window's exposures (dense, by component id) and units.
+pub struct WindowEvidence {
+    /// Background events expected on each component.
+    pub mu0: Vec<f64>,
+    /// Packets a fault there would drop, per unit of drop probability.
+    pub exposure: Vec<f64>,
+    /// Answered probes whose RTT includes it (latency trials).
+    pub answered: Vec<f64>,
+    pub units: Vec<Unit>,
+    /// Window totals per class (local, inter): probes, failed, invalid; and answered /
+    /// slow inter-ToR probes with label detail (what the baseline learns from).
+    pub totals: [(f64, f64, f64); 2],
+    pub label_answered: f64,
+    pub label_slow: f64,
+}
+
+impl WindowEvidence {
+    fn new(n: usize) -> Self {
+        WindowEvidence {
+            mu0: vec![0.0; n],
+            exposure: vec![0.0; n],
+            answered: vec![0.0; n],
+            units: Vec::new(),
+            totals: [(0.0, 0.0, 0.0); 2],
+            label_answered: 0.0,
+            label_slow: 0.0,
+        }
+    }
+
+    fn grow(&mut self, n: usize) {
+        if self.mu0.len() < n {
+            self.mu0.resize(n, 0.0);
+            self.exposure.resize(n, 0.0);
+            self.answered.resize(n, 0.0);
+        }
+    }
+
+    fn expose(&mut self, c: u32, mu0: f64, exposure: f64) {
+        let i = c as usize;
+        self.mu0[i] += mu0;
+        self.exposure[i] += exposure;
+    }
+}
+
+/// What is left out of the window: paths (by index into the window's list) and links
+/// already explained by a rule's finding or a stalled host.
+pub struct Skip<'a> {
+    pub paths: &'a [bool],
+    pub links: &'a [DirLink],
+}
+
+/// Builds the window's evidence. `comps` grows with new components; `skip_host[h]` leaves
+/// out every path of host `h` (stalled or suspected of it: its timeouts are its own).
+pub fn build(
+    p: &Placed,
+    topo: Option<&Topology>,
+    base: &Baseline,
+    comps: &mut Components,
+    skip: &Skip<'_>,
+    skip_host: &[bool],
+) -> WindowEvidence {
+    let ecmp = topo.filter(|t| t.ecmp().is_some());
+    // Component ids of the window's RNICs and ToRs, and the ToRs' topology indices.
+    let rnic_ids: Vec<u32> = p
+        .rnics
+        .iter()
+        .map(|r| comps.id(Component::Rnic(r.gid.to_string())))
+        .collect();
+    let tor_ids: Vec<u32> = p
+        .tors
+        .names
+        .iter()
+        .map(|t| comps.id(Component::Tor(t.clone())))
+        .collect();
+    let side_ids: Vec<u32> = if ecmp.is_none() {
+        p.tors
+            .names
+            .iter()
+            .map(|t| comps.id(Component::TorSide(t.clone())))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let topo_tor: Vec<Option<u32>> = p
+        .tors
+        .names
+        .iter()
+        .map(|t| ecmp.and_then(|e| e.tor_index(t)))
+        .collect();
+    let mut link_ids: HashMap<DirLink, u32> = HashMap::new();
+    let mut w = WindowEvidence::new(comps.len());
+    for r in &p.paths {
+        let s = r.s;
+        if skip.paths[r.index as usize]
+            || skip_host[p.host_of(r.src) as usize]
+            || skip_host[p.host_of(r.dst) as usize]
+        {
+            continue;
+        }
+        let (st, dt) = (p.tor_of(r.src), p.tor_of(r.dst));
+        let inter = st != dt;
+        let lb: &LossBaseline = if inter { &base.inter } else { &base.local };
+        let (bf, bi) = (lb.failed_rate(), lb.invalid_rate());
+        let n = s.probe_total as f64;
+        let (failed, invalid) = (s.probe_failed as f64, s.invalid_rtt_count as f64);
+        let t = &mut w.totals[inter as usize];
+        t.0 += n;
+        t.1 += failed;
+        t.2 += invalid;
+        // The ends: RNICs and ToRs, for every probe of the path.
+        let mut ends = vec![rnic_ids[r.src as usize], rnic_ids[r.dst as usize]];
+        ends.push(tor_ids[st as usize]);
+        if inter {
+            ends.push(tor_ids[dt as usize]);
+        }
+        for &c in &ends {
+            w.expose(c, n * (bf + bi), 3.0 * n);
+        }
+        let routes = match (ecmp, topo_tor[st as usize], topo_tor[dt as usize]) {
+            (Some(e), Some(ts), Some(td)) if inter => e
+                .pair_route(ts, td, r.src_gid(p), r.dst_gid(p))
+                .zip(e.pair_route(td, ts, r.dst_gid(p), r.src_gid(p)))
+                .map(|routes| (ts, td, routes)),
+            _ => None,
+        };
+        let base_rtt = s.network_rtt_min_ns;
+        match routes {
+            Some((ts, td, (fwd, rev))) if !s.flow_labels.is_empty() => {
+                // Per label: its own links. The path's ends already have its exposure.
+                for l in &s.flow_labels {
+                    let (sf, sr) = (fwd.spine(l.flow_label), rev.spine(l.flow_label));
+                    let links = [
+                        (ts, sf, LinkDir::Up),
+                        (td, sf, LinkDir::Down),
+                        (td, sr, LinkDir::Up),
+                        (ts, sr, LinkDir::Down),
+                    ];
+                    if links.iter().any(|k| skip.links.contains(k)) {
+                        continue;
+                    }
+                    let ln = l.probe_total as f64;
+                    let (lf, li) = (l.probe_failed as f64, l.probe_invalid as f64);
+                    let answered = (ln - lf - li).max(0.0);
+                    let ids = links.map(|k| *link_ids.entry(k).or_insert_with(|| comps.id(Component::Link(k.0, k.1, k.2))));
+                    w.grow(comps.len());
+                    w.expose(ids[0], ln * bf, ln);
+                    w.expose(ids[1], ln * bf, ln);
+                    w.expose(ids[2], ln * bi, 2.0 * ln);
+                    w.expose(ids[3], ln * bi, 2.0 * ln);
+                    for &c in &ids {
+                        w.answered[c as usize] += answered;
+                    }
+                    w.label_answered += answered;
+                    let slow = answered > 0.0
+                        && l.network_rtt_p50_ns >= base_rtt.saturating_add(SLOW_LABEL_EXCESS_NS);
+                    if slow {
+                        w.label_slow += answered;
+                    }
+                    if lf + li > 0.0 || slow {
+                        let mut loss: Vec<(u32, f64)> =
+                            ends.iter().map(|&c| (c, lf + li)).collect();
+                        loss.extend([(ids[0], lf), (ids[1], lf), (ids[2], li), (ids[3], li)]);
+                        loss.retain(|&(_, e)| e > 0.0);
+                        w.units.push(Unit {
+                            loss,
+                            latency: ids.to_vec(),
+                            slow: if slow { answered } else { 0.0 },
+                            excess_ns: l.network_rtt_p50_ns.saturating_sub(base_rtt),
+                            path: r.index,
+                            label: l.flow_label,
+                            inter,
+                            probes: ln,
+                            failed: lf,
+                            invalid: li,
+                            answered,
+                            in_label_totals: true,
+                            owner: None,
+                        });
+                    }
+                }
+            }
+            Some((ts, td, (fwd, _))) => {
+                // No per-label detail (a clean window): its probes spread evenly over
+                // the spines; its events (an agent without label detail) name no link.
+                let spines = fwd.spines();
+                let k = spines.len().max(1) as f64;
+                let answered = s.probe_success as f64 / k;
+                for &sp in spines {
+                    for (link, rate, per) in [
+                        ((ts, sp, LinkDir::Up), bf, 1.0),
+                        ((td, sp, LinkDir::Down), bf, 1.0),
+                        ((td, sp, LinkDir::Up), bi, 2.0),
+                        ((ts, sp, LinkDir::Down), bi, 2.0),
+                    ] {
+                        let c = *link_ids
+                            .entry(link)
+                            .or_insert_with(|| comps.id(Component::Link(link.0, link.1, link.2)));
+                        w.grow(comps.len());
+                        w.expose(c, n / k * rate, n / k * per);
+                        w.answered[c as usize] += answered;
+                    }
+                }
+                let unit = PathUnit {
+                    loss: ends.clone(),
+                    latency: Vec::new(),
+                    slow: 0.0,
+                    excess_ns: 0,
+                    in_label_totals: false,
+                };
+                push_path_unit(&mut w, r.index, unit, s, inter);
+            }
+            None => {
+                let mut unit = PathUnit {
+                    loss: ends.clone(),
+                    latency: Vec::new(),
+                    slow: 0.0,
+                    excess_ns: 0,
+                    in_label_totals: false,
+                };
+                if inter && !side_ids.is_empty() {
+                    // No ECMP model: the two ToR sides, for loss and for latency.
+                    let sides = [side_ids[st as usize], side_ids[dt as usize]];
+                    for &c in &sides {
+                        w.expose(c, n * (bf + bi), 3.0 * n);
+                        w.answered[c as usize] += s.probe_success as f64;
+                    }
+                    let slow: f64 = s
+                        .flow_labels
+                        .iter()
+                        .map(|l| {
+                            let a = l.probe_total as f64
+                                - l.probe_failed as f64
+                                - l.probe_invalid as f64;
+                            let slow = l.network_rtt_p50_ns
+                                >= base_rtt.saturating_add(SLOW_LABEL_EXCESS_NS);
+                            if slow { a.max(0.0) } else { 0.0 }
+                        })
+                        .sum();
+                    w.label_answered += s.probe_success as f64;
+                    w.label_slow += slow;
+                    unit.loss.extend(sides);
+                    unit.latency = sides.to_vec();
+                    unit.slow = slow;
+                    unit.excess_ns = s.network_rtt_p99_ns.saturating_sub(base_rtt);
+                    unit.in_label_totals = true;
+                }
+                push_path_unit(&mut w, r.index, unit, s, inter);
+            }
+        }
+    }
+    w.grow(comps.len());
+    w
+}
+
+/// What a whole-path unit says: the components its events count for, and (no ECMP
+/// model) the ToR sides its slow labels count for.
+struct PathUnit {
+    loss: Vec<u32>,
+    latency: Vec<u32>,
+    slow: f64,
+    excess_ns: u64,
+    in_label_totals: bool,
+}
+
+/// A whole path as one unit, when it has something to say.
+fn push_path_unit(w: &mut WindowEvidence, path: u32, u: PathUnit, s: &PathSummary, inter: bool) {
+    let events = s.probe_failed as f64 + s.invalid_rtt_count as f64;
+    if events <= 0.0 && u.slow <= 0.0 {
+        return;
+    }
+    w.units.push(Unit {
+        loss: if events > 0.0 {
+            u.loss.iter().map(|&c| (c, events)).collect()
+        } else {
+            Vec::new()
+        },
+        latency: u.latency,
+        slow: u.slow,
+        excess_ns: u.excess_ns,
+        path,
+        label: 0,
+        inter,
+        probes: s.probe_total as f64,
+        failed: s.probe_failed as f64,
+        invalid: s.invalid_rtt_count as f64,
+        answered: s.probe_success as f64,
+        in_label_totals: u.in_label_totals,
+        owner: None,
+    });
+}
+
+impl super::placed::PlacedPath<'_> {
+    pub fn src_gid<'p>(&self, p: &'p Placed<'_>) -> &'p str {
+        p.rnics[self.src as usize].gid
+    }
+    pub fn dst_gid<'p>(&self, p: &'p Placed<'_>) -> &'p str {
+        p.rnics[self.dst as usize].gid
+    }
+}

@@ -1,0 +1,503 @@
+//! The gray-failure detector (pure): names the components whose loss, delay or stall the
+//! fleet's learned baseline does not explain, however small, once the evidence is strong.
+//!
+//! Each window adds its evidence (`evidence.rs`) to a history of the last few windows.
+//! A component is scored by a generalized likelihood ratio over every unit that crosses
+//! it (`stats.rs`), on the best run of recent windows ending now: a persistent small
+//! excess accumulates evidence window after window instead of being thrown away, and a
+//! big one is named in its first window. The components are explained greedily: the
+//! strongest is named first and its units are put down to it (for good: a finding's
+//! evidence stays its own), which clears the components that only shared a few of them
+//! (the other links a lossy link's probes crossed, the RNICs behind it). What no
+//! component explains strongly enough is what it was: noise.
+//!
+//! A named component stays named while each new window favours its fault (at half the
+//! size estimated) over the baseline; `resolve_after_windows` windows that do not, and
+//! it is let go. What it does not put down to a component, the baseline learns from.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use super::baseline::Baseline;
+use super::evidence::{self, Component, Components, Skip, WindowEvidence};
+use super::hoststat::HostWindow;
+use super::placed::Placed;
+use super::stats::{binomial_glr, binomial_llr, poisson_glr, poisson_llr, poisson_stderr};
+use crate::topology::Topology;
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GrayParams {
+    /// Windows of evidence a score may sum (the longest run it considers).
+    pub history_windows: usize,
+    /// Evidence (nats) that names a component.
+    pub open_score: f64,
+    /// Evidence that makes it a suspect: its paths get more probes, the baseline does
+    /// not learn from it.
+    pub suspect_score: f64,
+    /// The least drop probability per packet a loss finding claims.
+    pub min_loss: f64,
+    /// The least rise in the share of slow probes a latency finding claims.
+    pub min_slow_share: f64,
+    /// Windows that no longer favour a named fault before it is let go.
+    pub resolve_after_windows: u32,
+}
+
+impl Default for GrayParams {
+    fn default() -> Self {
+        GrayParams {
+            history_windows: 4,
+            open_score: 20.0,
+            suspect_score: 6.0,
+            min_loss: 0.002,
+            min_slow_share: 0.2,
+            resolve_after_windows: 2,
+        }
+    }
+}
+
+/// Which test named a component.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Test {
+    Loss,
+    Latency,
+    Stall,
+}
+
+/// A component the detector has named, and what it has put down to it.
+#[derive(Debug, Clone)]
+struct Active {
+    /// Effect at naming: drop probability (loss), slow share (latency).
+    effect: f64,
+    score: f64,
+    misses: u32,
+    /// Over the windows it was blamed in: events, expected, exposure (loss); slow and
+    /// answered probes (latency).
+    k: f64,
+    mu0: f64,
+    exposure: f64,
+    slow: f64,
+    answered: f64,
+    /// Excess delay of its slow units (latency), stall excess (stall), bounded.
+    excess: Vec<u64>,
+}
+
+impl Active {
+    fn new(effect: f64, score: f64) -> Self {
+        Active {
+            effect,
+            score,
+            misses: 0,
+            k: 0.0,
+            mu0: 0.0,
+            exposure: 0.0,
+            slow: 0.0,
+            answered: 0.0,
+            excess: Vec::new(),
+        }
+    }
+}
+
+/// One component blamed in this window.
+#[derive(Debug, Clone)]
+pub struct GrayBlame {
+    pub component: Component,
+    pub test: Test,
+    /// Evidence (nats): at naming, or the best since.
+    pub score: f64,
+    /// Loss: drop probability per packet and its standard error; latency: median excess
+    /// (ns) of its slow probes and the share of its probes that were slow; stall: excess
+    /// prober delay (ns).
+    pub loss: (f64, f64),
+    pub excess_ns: u64,
+    pub slow_share: f64,
+    /// Its units in this window: (path index, label).
+    pub units: Vec<(u32, u32)>,
+    /// Probes and events behind it (this window).
+    pub probes: f64,
+    pub events: f64,
+}
+
+/// A component with some evidence but not enough (adaptive probing looks at these).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Suspect {
+    pub component: Component,
+    pub test: Test,
+    pub score: f64,
+}
+
+pub struct GrayDetector {
+    params: GrayParams,
+    comps: Components,
+    history: VecDeque<WindowEvidence>,
+    active: BTreeMap<(u32, Test), Active>,
+    pub baseline: Baseline,
+    suspects: Vec<Suspect>,
+}
+
+/// Units of window `w` that count for (component, test).
+fn counts(u: &evidence::Unit, c: u32, t: Test) -> f64 {
+    match t {
+        Test::Loss => u
+            .loss
+            .iter()
+            .find(|&&(x, _)| x == c)
+            .map_or(0.0, |&(_, e)| e),
+        Test::Latency => {
+            if u.slow > 0.0 && u.latency.contains(&c) {
+                u.slow
+            } else {
+                0.0
+            }
+        }
+        Test::Stall => 0.0,
+    }
+}
+
+impl GrayDetector {
+    pub fn new(params: GrayParams) -> Self {
+        GrayDetector {
+            params,
+            comps: Components::default(),
+            history: VecDeque::new(),
+            active: BTreeMap::new(),
+            baseline: Baseline::default(),
+            suspects: Vec::new(),
+        }
+    }
+
+    /// The suspects of the last window (strongest first).
+    pub fn suspects(&self) -> &[Suspect] {
+        &self.suspects
+    }
+
+    /// Hosts: names the stalled ones and says whose paths the network tests must leave
+    /// out (stalled, or showing some stall: their timeouts are their own). Returns the
+    /// blames and the skip mask (by `Placed` host index).
+    pub fn hosts(&mut self, p: &Placed, hw: &HostWindow) -> (Vec<GrayBlame>, Vec<bool>) {
+        let n = p.hosts.names.len();
+        let mut skip = vec![false; n];
+        let mut blames = Vec::new();
+        for h in 0..n as u32 {
+            let name = &p.hosts.names[h as usize];
+            let c = self.comps.id(Component::Host(name.clone()));
+            let sc = hw.score(h);
+            let key = (c, Test::Stall);
+            let blamed = match self.active.get_mut(&key) {
+                Some(a) if hw.continues(h) => {
+                    a.misses = 0;
+                    a.score = a.score.max(sc.score);
+                    true
+                }
+                Some(a) => {
+                    a.misses += 1;
+                    if a.misses >= self.params.resolve_after_windows.max(1) {
+                        self.active.remove(&key);
+                    }
+                    false
+                }
+                None if sc.score >= self.params.open_score => {
+                    self.active.insert(key, Active::new(1.0, sc.score));
+                    true
+                }
+                None => false,
+            };
+            if blamed || sc.score >= self.params.suspect_score {
+                skip[h as usize] = true;
+            }
+            if blamed {
+                let (ex_p, ex_r) = hw.excess(h);
+                let a = self.active.get_mut(&key).expect("named");
+                a.excess.push(ex_p.max(ex_r));
+                if a.excess.len() > 256 {
+                    a.excess.remove(0);
+                }
+                // Over the windows it was blamed in: the first and last see part of it.
+                let mut ex = a.excess.clone();
+                ex.sort_unstable();
+                let excess_ns = ex[ex.len() / 2];
+                blames.push(GrayBlame {
+                    component: Component::Host(name.clone()),
+                    test: Test::Stall,
+                    score: a.score,
+                    loss: (0.0, 0.0),
+                    excess_ns,
+                    slow_share: sc.k as f64 / sc.n.max(1) as f64,
+                    units: Vec::new(),
+                    probes: sc.n as f64,
+                    events: sc.k as f64,
+                });
+            }
+        }
+        (blames, skip)
+    }
+
+    /// The network: adds the window's evidence, keeps the named components that still
+    /// show, names new ones greedily, and learns the baseline from the rest.
+    pub fn network(
+        &mut self,
+        p: &Placed,
+        topo: Option<&Topology>,
+        skip: &Skip<'_>,
+        skip_host: &[bool],
+    ) -> Vec<GrayBlame> {
+        let w = evidence::build(p, topo, &self.baseline, &mut self.comps, skip, skip_host);
+        self.history.push_back(w);
+        while self.history.len() > self.params.history_windows.max(1) {
+            self.history.pop_front();
+        }
+        let mut blamed: Vec<(u32, Test)> = Vec::new();
+        self.continue_active(&mut blamed);
+        self.name_new(&mut blamed);
+        let out = blamed.iter().map(|&key| self.blame(key)).collect();
+        self.learn_network();
+        out
+    }
+
+    /// Sums of (events, expected, exposure, answered) of (c, t) over the last `s`
+    /// windows' unowned units.
+    fn sums(&self, c: u32, t: Test, s: usize) -> (f64, f64, f64, f64) {
+        let h = self.history.len();
+        let (mut k, mut mu0, mut e, mut n) = (0.0, 0.0, 0.0, 0.0);
+        for w in self.history.iter().skip(h - s.min(h)) {
+            let i = c as usize;
+            mu0 += w.mu0.get(i).copied().unwrap_or(0.0);
+            e += w.exposure.get(i).copied().unwrap_or(0.0);
+            n += w.answered.get(i).copied().unwrap_or(0.0);
+            k += w
+                .units
+                .iter()
+                .filter(|u| u.owner.is_none())
+                .map(|u| counts(u, c, t))
+                .sum::<f64>();
+        }
+        (k, mu0, e, n)
+    }
+
+    fn score_of(&self, t: Test, k: f64, mu0: f64, e: f64, n: f64) -> (f64, f64) {
+        match t {
+            Test::Loss => poisson_glr(k, mu0, e, self.params.min_loss),
+            Test::Latency => binomial_glr(
+                k,
+                n,
+                self.baseline.slow_rate(),
+                self.params.min_slow_share,
+            ),
+            Test::Stall => (0.0, 0.0),
+        }
+    }
+
+    /// Puts (c, t)'s unowned units down to it: the whole history, or the newest window.
+    fn claim(&mut self, c: u32, t: Test, newest_only: bool) {
+        let h = self.history.len();
+        let from = if newest_only { h - 1 } else { 0 };
+        for w in self.history.iter_mut().skip(from) {
+            for u in w.units.iter_mut().filter(|u| u.owner.is_none()) {
+                if counts(u, c, t) > 0.0 {
+                    u.owner = Some(c);
+                }
+            }
+        }
+    }
+
+    fn continue_active(&mut self, blamed: &mut Vec<(u32, Test)>) {
+        let mut keys: Vec<((u32, Test), f64)> = self
+            .active
+            .iter()
+            .filter(|(k, _)| k.1 != Test::Stall)
+            .map(|(k, a)| (*k, a.score))
+            .collect();
+        keys.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        let q0 = self.baseline.slow_rate();
+        for ((c, t), _) in keys {
+            let (k, mu0, e, n) = self.sums(c, t, 1);
+            let a = self.active.get(&(c, t)).expect("active");
+            let favours = match t {
+                Test::Loss => {
+                    let x = (a.effect / 2.0).max(self.params.min_loss);
+                    e > 0.0 && poisson_llr(k, mu0, x * e) > 0.0
+                }
+                _ => {
+                    let q1 = q0 + ((a.effect - q0) / 2.0).max(self.params.min_slow_share);
+                    n > 0.0 && binomial_llr(k, n, q0, q1) > 0.0
+                }
+            };
+            if favours {
+                self.claim(c, t, true);
+                let a = self.active.get_mut(&(c, t)).expect("active");
+                a.misses = 0;
+                a.k += k;
+                a.mu0 += mu0;
+                a.exposure += e;
+                a.slow += k;
+                a.answered += n;
+                blamed.push((c, t));
+            } else {
+                let a = self.active.get_mut(&(c, t)).expect("active");
+                a.misses += 1;
+                if a.misses >= self.params.resolve_after_windows.max(1) {
+                    self.active.remove(&(c, t));
+                }
+            }
+        }
+    }
+
+    /// Unowned events per (component, test), per history window (oldest first).
+    fn unowned_counts(&self) -> BTreeMap<(u32, Test), Vec<f64>> {
+        let h = self.history.len();
+        let mut per: BTreeMap<(u32, Test), Vec<f64>> = BTreeMap::new();
+        for (wi, w) in self.history.iter().enumerate() {
+            for u in w.units.iter().filter(|u| u.owner.is_none()) {
+                for &(c, e) in &u.loss {
+                    per.entry((c, Test::Loss)).or_insert_with(|| vec![0.0; h])[wi] += e;
+                }
+                if u.slow > 0.0 {
+                    for &c in &u.latency {
+                        per.entry((c, Test::Latency))
+                            .or_insert_with(|| vec![0.0; h])[wi] += u.slow;
+                    }
+                }
+            }
+        }
+        per
+    }
+
+    /// Names new components, strongest first, while one's evidence passes the bar; the
+    /// rest above the suspect bar are the suspects.
+    fn name_new(&mut self, blamed: &mut Vec<(u32, Test)>) {
+        let h = self.history.len();
+        self.suspects.clear();
+        loop {
+            let per = self.unowned_counts();
+            let mut best: Option<((u32, Test), f64, f64, usize)> = None;
+            let mut scored = Vec::new();
+            for (&(c, t), ks) in &per {
+                if self.active.contains_key(&(c, t)) {
+                    continue;
+                }
+                let i = c as usize;
+                let (mut k, mut mu0, mut e, mut n) = (0.0, 0.0, 0.0, 0.0);
+                let mut top = (f64::MIN, 0.0, 1);
+                // Runs of the last s windows, s = 1..h.
+                for s in 1..=h {
+                    let wi = h - s;
+                    let w = &self.history[wi];
+                    k += ks[wi];
+                    mu0 += w.mu0.get(i).copied().unwrap_or(0.0);
+                    e += w.exposure.get(i).copied().unwrap_or(0.0);
+                    n += w.answered.get(i).copied().unwrap_or(0.0);
+                    let (score, effect) = self.score_of(t, k, mu0, e, n);
+                    if score > top.0 {
+                        top = (score, effect, s);
+                    }
+                }
+                if top.0 > 9.0 && std::env::var("GRAY_DEBUG").is_ok() {
+                    let (k, mu0, e, n) = self.sums(c, t, top.2);
+                    eprintln!("debug {:?} {:?} score {:.1} s {} k {k} mu0 {mu0:.4} e {e:.0} n {n:.0} ks {ks:?}", self.comps.list[c as usize], t, top.0, top.2);
+                }
+                scored.push(((c, t), top.0));
+                if best.is_none_or(|b| top.0 > b.1) {
+                    best = Some(((c, t), top.0, top.1, top.2));
+                }
+            }
+            match best {
+                Some(((c, t), score, effect, s)) if score >= self.params.open_score => {
+                    let (k, mu0, e, n) = self.sums(c, t, s);
+                    self.claim(c, t, false);
+                    let mut a = Active::new(effect, score);
+                    a.k = k;
+                    a.mu0 = mu0;
+                    a.exposure = e;
+                    a.slow = k;
+                    a.answered = n;
+                    self.active.insert((c, t), a);
+                    blamed.push((c, t));
+                }
+                _ => {
+                    scored.retain(|(_, s)| *s >= self.params.suspect_score);
+                    scored.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+                    self.suspects = scored
+                        .into_iter()
+                        .map(|((c, t), score)| Suspect {
+                            component: self.comps.list[c as usize].clone(),
+                            test: t,
+                            score,
+                        })
+                        .collect();
+                    return;
+                }
+            }
+        }
+    }
+
+    /// What (c, t) blames in the newest window.
+    fn blame(&mut self, (c, t): (u32, Test)) -> GrayBlame {
+        let newest = self.history.back().expect("a window");
+        let mut units = Vec::new();
+        let (mut probes, mut events) = (0.0, 0.0);
+        let mut excess = Vec::new();
+        for u in newest.units.iter().filter(|u| u.owner == Some(c)) {
+            units.push((u.path, u.label));
+            probes += u.probes;
+            events += counts(u, c, t);
+            if u.slow > 0.0 {
+                excess.push(u.excess_ns);
+            }
+        }
+        let a = self.active.get_mut(&(c, t)).expect("active");
+        a.excess.extend(excess.iter().copied().take(64));
+        if a.excess.len() > 256 {
+            a.excess.drain(..a.excess.len() - 256);
+        }
+        let mut ex = a.excess.clone();
+        ex.sort_unstable();
+        let excess_ns = ex.get(ex.len().saturating_sub(1) / 2).copied().unwrap_or(0);
+        let x = ((a.k - a.mu0) / a.exposure.max(1.0)).max(0.0);
+        GrayBlame {
+            component: self.comps.list[c as usize].clone(),
+            test: t,
+            score: a.score,
+            loss: (x, poisson_stderr(a.k, a.exposure)),
+            excess_ns,
+            slow_share: if a.answered > 0.0 { a.slow / a.answered } else { 0.0 },
+            units,
+            probes,
+            events,
+        }
+    }
+
+    /// The newest window teaches the baseline, but for the units put down to a
+    /// component or crossing a suspect.
+    fn learn_network(&mut self) {
+        let suspects: Vec<u32> = self
+            .suspects
+            .iter()
+            .filter_map(|s| self.comps.get(&s.component))
+            .collect();
+        let w = self.history.back().expect("a window");
+        let mut totals = w.totals;
+        let (mut answered, mut slow) = (w.label_answered, w.label_slow);
+        for u in &w.units {
+            let suspect = u.loss.iter().any(|(c, _)| suspects.contains(c))
+                || u.latency.iter().any(|c| suspects.contains(c));
+            if u.owner.is_some() || suspect {
+                let t = &mut totals[u.inter as usize];
+                t.0 -= u.probes;
+                t.1 -= u.failed;
+                t.2 -= u.invalid;
+                if u.in_label_totals {
+                    answered -= u.answered;
+                    slow -= u.slow;
+                }
+            }
+        }
+        let b = &mut self.baseline;
+        let [(lp, lf, li), (ip, if_, ii)] = totals;
+        b.local.learn(lp.max(0.0), lf.max(0.0), li.max(0.0));
+        b.inter.learn(ip.max(0.0), if_.max(0.0), ii.max(0.0));
+        b.learn_slow(slow.max(0.0), answered.max(0.0));
+    }
+
+    /// Ends the window for the baseline (after the hosts learned theirs).
+    pub fn end_window(&mut self) {
+        self.baseline.end_window();
+    }
+}
