@@ -135,6 +135,8 @@ pub fn start<R: Into<OpenedRnic>>(
     let seq_epoch: u32 = rand::random();
     let (shutdown_tx, _) = watch::channel(false);
 
+    // The controller's FOCUS generation, as the reporter last heard it in an ack.
+    let (focus_tx, focus_rx) = watch::channel(0u64);
     let (sink, reporter) = if cfg.analysis_report_enabled {
         let (sink, rx) = report::channel(REPORT_QUEUE);
         let task = tokio::spawn(report::run_reporter(
@@ -142,6 +144,7 @@ pub fn start<R: Into<OpenedRnic>>(
             cfg.agent_id.clone(),
             rx,
             cfg.report_batch_max,
+            focus_tx,
         ));
         (Some(sink), Some(task))
     } else {
@@ -284,6 +287,7 @@ pub fn start<R: Into<OpenedRnic>>(
                 // tracing configured off there is nothing to fetch.
                 kinds: monitored_kinds(cfg.service_tracing_mode != ServiceTracingMode::Off),
                 service_kick: Some(kick_rx.clone()),
+                focus_kick: Some(focus_rx.clone()),
             },
             ptx,
             shutdown_tx.subscribe(),

@@ -206,6 +206,9 @@ pub struct MonitorParams {
     /// Bumped by the service-flow reporter after it reported changes: the SERVICE list is
     /// fetched again at once (new service paths get probed within seconds).
     pub service_kick: Option<watch::Receiver<u64>>,
+    /// The controller's FOCUS generation (from report acks): the FOCUS list is fetched
+    /// when it moves, and only then (adaptive probing; a Go controller never moves it).
+    pub focus_kick: Option<watch::Receiver<u64>>,
 }
 
 /// Lists fetched by default: ToR-mesh and inter-ToR, plus SERVICE when `service`.
@@ -229,6 +232,7 @@ pub async fn run_cluster_monitor(
     let mut failures = 0u32;
     let cap = params.update_interval.min(Duration::from_secs(60));
     let mut kick = params.service_kick.take();
+    let mut focus = params.focus_kick.take();
     let mut kinds = params.kinds.clone();
     let mut service = kinds.contains(&PinglistKind::Service);
     loop {
@@ -256,15 +260,29 @@ pub async fn run_cluster_monitor(
                 Period,
                 Shutdown,
                 Kick(bool),
+                Focus(bool),
             }
             let wake = tokio::select! {
                 _ = tokio::time::sleep_until(deadline) => Wake::Period,
                 _ = shutdown.wait_for(|s| *s) => Wake::Shutdown,
                 r = async { kick.as_mut().expect("guarded").changed().await }, if kick.is_some() => Wake::Kick(r.is_ok()),
+                r = async { focus.as_mut().expect("guarded").changed().await }, if focus.is_some() => Wake::Focus(r.is_ok()),
             };
             match wake {
                 Wake::Period => break,
                 Wake::Shutdown => return,
+                Wake::Focus(false) => focus = None,
+                Wake::Focus(true) => {
+                    let _ = refresh(
+                        &registrar,
+                        &client,
+                        &params,
+                        &[PinglistKind::Focus],
+                        &mut cached,
+                        &tx,
+                    )
+                    .await;
+                }
                 // The reporter is gone: periodic refreshes only.
                 Wake::Kick(false) => kick = None,
                 Wake::Kick(true) if service => {
@@ -350,6 +368,7 @@ async fn refresh(
         tor_mesh = cached.list(PinglistKind::TorMesh).len(),
         inter_tor = cached.list(PinglistKind::InterTor).len(),
         service = cached.list(PinglistKind::Service).len(),
+        focus = cached.list(PinglistKind::Focus).len(),
         "pinglists refreshed"
     );
     (all_ok, service_unsupported)

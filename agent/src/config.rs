@@ -167,6 +167,8 @@ config_table! {
         service_tracing_mode: ServiceTracingMode = ServiceTracingMode::Auto, flag String;
         /// 0 = inherit target_probe_rate_per_second.
         service_probe_rate_per_second: f64 = 0.0, flag f64;
+        /// Per-target probes/s of FOCUS targets: the extra probes the controller asks for through a component it suspects (adaptive probing; each due every 1/rate s). 0 = none.
+        focus_probe_rate_per_second: f64 = 20.0, flag f64;
         /// Extra binaries or libraries (absolute paths) to attach the libibverbs uprobes to.
         #[serde(deserialize_with = "string_list")]
         #[arg(value_delimiter = ',')]
@@ -343,6 +345,12 @@ impl AgentConfig {
                 };
                 return Err(err(format!("{key} must be {want}, got {v}")));
             }
+        }
+        let f = self.focus_probe_rate_per_second;
+        if !f.is_finite() || !(0.0..=1000.0).contains(&f) {
+            return Err(err(format!(
+                "focus_probe_rate_per_second must be in [0, 1000] (0 = no FOCUS probes), got {f}"
+            )));
         }
         if self.pinglist_update_interval_sec == 0 {
             return Err(err("pinglist_update_interval_sec must be > 0"));

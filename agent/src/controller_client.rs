@@ -85,6 +85,7 @@ pub fn pinglist_type(kind: PinglistKind) -> Option<PinglistType> {
         PinglistKind::TorMesh => Some(PinglistType::TorMesh),
         PinglistKind::InterTor => Some(PinglistType::InterTor),
         PinglistKind::Service => Some(PinglistType::Service),
+        PinglistKind::Focus => Some(PinglistType::Focus),
         PinglistKind::Host => None,
     }
 }

@@ -199,11 +199,14 @@ type InFlight = std::pin::Pin<
 /// left and returns. While a batch is in flight (or waiting to be retried), new
 /// summaries keep moving from the channel to the outbox, so the probing side never
 /// finds the channel full because the controller is slow.
+/// `focus` gets each ack's `focus_generation` (the cluster monitors fetch their FOCUS
+/// lists again when it moves).
 pub async fn run_reporter(
     client: ControllerClient,
     agent_id: String,
     mut rx: mpsc::Receiver<PathSummary>,
     batch_max: usize,
+    focus: tokio::sync::watch::Sender<u64>,
 ) {
     let batch_max = batch_max.max(1);
     let mut outbox = Outbox::new(OUTBOX_CAP);
@@ -256,6 +259,11 @@ pub async fn run_reporter(
                         }
                         outbox.sent(n);
                         tracing::debug!(summaries = n, accepted = ack.accepted, sla_violations = ack.sla_violations, "reported");
+                        focus.send_if_modified(|g| {
+                            let moved = *g != ack.focus_generation;
+                            *g = ack.focus_generation;
+                            moved
+                        });
                     }
                     Ok(Err(e)) => {
                         if !outbox.failing() {

@@ -49,6 +49,8 @@ pub struct DriverParams {
     pub tor_mesh_rate: f64,
     pub inter_tor_rate: f64,
     pub service_rate: f64,
+    /// FOCUS: per-target probes/s, each due every 1/rate s (0: FOCUS lists not probed).
+    pub focus_rate: f64,
     /// Hostping R2R: per-target probes/s of the host's own RNICs (0 when it is off), each
     /// due once per `host_round_ns`.
     pub host_rate: f64,
@@ -79,6 +81,7 @@ impl DriverParams {
             tor_mesh_rate: cfg.tor_mesh_rate(),
             inter_tor_rate: cfg.inter_tor_rate(),
             service_rate: cfg.service_rate(),
+            focus_rate: cfg.focus_probe_rate_per_second,
             host_rate: 0.0,
             host_round_ns: 1_000_000_000,
             probe_timeout_ns: cfg.probe_timeout_ms.saturating_mul(1_000_000),
@@ -97,15 +100,25 @@ impl DriverParams {
         }
     }
 
-    /// Per-target rates of (ToR-mesh, inter-ToR, SERVICE, Host) under `multiplier`.
-    pub fn scaled_rates(&self, multiplier: f64) -> [f64; 4] {
+    /// Per-target rates of (ToR-mesh, inter-ToR, SERVICE, FOCUS, Host) under `multiplier`.
+    pub fn scaled_rates(&self, multiplier: f64) -> [f64; 5] {
         [
             self.tor_mesh_rate,
             self.inter_tor_rate,
             self.service_rate,
+            self.focus_rate,
             self.host_rate,
         ]
         .map(|r| scaled_rate(r, multiplier))
+    }
+}
+
+/// The round of FOCUS targets at `rate` probes/s each (0: idle, any round).
+pub fn focus_round_ns(rate: f64) -> u64 {
+    if rate > 0.0 && rate.is_finite() {
+        ((1e9 / rate) as u64).max(1_000_000)
+    } else {
+        1_000_000_000
     }
 }
 
@@ -348,7 +361,7 @@ struct State {
     scheduler: ProbeScheduler,
     has_targets: bool,
     /// The scheduled targets of each kind (`PinglistKind` order), kept to re-apply rates.
-    kind_targets: [Vec<TargetId>; 4],
+    kind_targets: [Vec<TargetId>; 5],
     /// Bits of the multiplier the scheduler's rates were last set with.
     applied_multiplier_bits: u64,
     targets: IdMap<TargetState>,
@@ -403,10 +416,10 @@ pub fn path_count(lists: &Pinglists) -> usize {
         .iter()
         .flat_map(|k| lists.list(*k))
         .map(|t| {
-            if t.kind == PinglistKind::Service {
-                1
-            } else {
-                t.flow_label_count.max(1) as usize
+            match t.kind {
+                PinglistKind::Service => 1,
+                PinglistKind::Focus => t.flow_labels.len().max(1),
+                _ => t.flow_label_count.max(1) as usize,
             }
         })
         .sum::<usize>()
@@ -902,7 +915,7 @@ impl State {
             // sent in (T1, on the monotonic clock, moved to unix time): a timeout must
             // not spill a fault's loss into the next window, where it would be blamed on
             // whatever that window holds.
-            let label = (t.key.kind == PinglistKind::InterTor).then_some(o.flow_label);
+            let label = t.key.kind.labelled().then_some(o.flow_label);
             let now = realtime_ns();
             let age = o
                 .timestamps
@@ -970,7 +983,7 @@ impl State {
         }
         ep.reserve_paths(path_count(lists));
         let mut keep: HashSet<TargetId> = HashSet::new();
-        let mut by_kind: [Vec<TargetId>; 4] = Default::default();
+        let mut by_kind: [Vec<TargetId>; 5] = Default::default();
         for kind in PinglistKind::ALL {
             for spec in lists.list(kind) {
                 // Never probe ourselves, whatever the list says.
@@ -1011,12 +1024,12 @@ impl State {
         self.targets.retain(|id, _| keep.contains(id));
         self.ids.retain(|_, id| keep.contains(id));
         self.has_targets = !keep.is_empty();
-        let [tor_mesh, inter_tor, service, host] = by_kind;
+        let [tor_mesh, inter_tor, service, focus, host] = by_kind;
         tracing::info!(
             gid = %self.own_gid, tor_mesh = tor_mesh.len(), inter_tor = inter_tor.len(),
-            service = service.len(), host = host.len(), "probe targets set"
+            service = service.len(), focus = focus.len(), host = host.len(), "probe targets set"
         );
-        self.kind_targets = [tor_mesh, inter_tor, service, host];
+        self.kind_targets = [tor_mesh, inter_tor, service, focus, host];
         self.applied_multiplier_bits = self.current_multiplier_bits();
         self.apply_rates(now);
     }
@@ -1044,8 +1057,18 @@ impl State {
     /// Hands the scheduler every kind's targets at its rate x the applied multiplier.
     fn apply_rates(&mut self, now: u64) {
         let m = f64::from_bits(self.applied_multiplier_bits);
-        let [tor_mesh_rate, inter_tor_rate, service_rate, host_rate] = self.p.scaled_rates(m);
-        let [tor_mesh, inter_tor, service, host] = &self.kind_targets;
+        let [tor_mesh_rate, inter_tor_rate, service_rate, focus_rate, host_rate] =
+            self.p.scaled_rates(m);
+        let [tor_mesh, inter_tor, service, focus, host] = &self.kind_targets;
+        // FOCUS targets are due every 1/rate s, not once per round: the point is more
+        // probes through one component, for a while.
+        self.scheduler.set_targets_every(
+            PinglistKind::Focus,
+            focus.clone(),
+            focus_rate,
+            focus_round_ns(focus_rate),
+            now,
+        );
         self.scheduler.set_targets_every(
             PinglistKind::Host,
             host.clone(),
@@ -1071,6 +1094,8 @@ impl State {
         // the controller gave them; otherwise the configured ones.
         let labels = if service {
             FlowLabelSet::new(0, 1, spec.flow_label)
+        } else if spec.kind == PinglistKind::Focus {
+            FlowLabelSet::explicit(&spec.flow_labels)
         } else {
             FlowLabelSet::new(spec.flow_label_seed, spec.flow_label_count, spec.flow_label)
         };
@@ -1302,12 +1327,12 @@ mod tests {
             },
             0,
         );
-        assert_eq!(p.scaled_rates(1.0), [10.0, 1.0, 10.0, 0.0]);
-        assert_eq!(p.scaled_rates(0.5), [5.0, 0.5, 5.0, 0.0]);
-        assert_eq!(p.scaled_rates(0.1), [1.0, 0.1, 1.0, 0.0]);
+        assert_eq!(p.scaled_rates(1.0), [10.0, 1.0, 10.0, 20.0, 0.0]);
+        assert_eq!(p.scaled_rates(0.5), [5.0, 0.5, 5.0, 10.0, 0.0]);
+        assert_eq!(p.scaled_rates(0.1), [1.0, 0.1, 1.0, 2.0, 0.0]);
         // Never stop, never speed up.
-        assert_eq!(p.scaled_rates(0.0), [10.0, 1.0, 10.0, 0.0]);
-        assert_eq!(p.scaled_rates(2.0), [10.0, 1.0, 10.0, 0.0]);
+        assert_eq!(p.scaled_rates(0.0), [10.0, 1.0, 10.0, 20.0, 0.0]);
+        assert_eq!(p.scaled_rates(2.0), [10.0, 1.0, 10.0, 20.0, 0.0]);
     }
 
     /// Probes the scheduler hands out over [from, to) polled every ms.
@@ -1357,6 +1382,7 @@ mod tests {
             ProbeTarget::new(Ipv6Addr::from(gid), 100 + u32::from(last), "tor-b", kind)
         };
         let lists = Pinglists {
+            focus: Vec::new(),
             tor_mesh: vec![target(1, PinglistKind::TorMesh)],
             inter_tor: vec![target(2, PinglistKind::InterTor)],
             service: vec![],

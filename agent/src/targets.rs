@@ -27,6 +27,8 @@ pub struct ProbeTarget {
     pub service_level: u8,
     /// SERVICE targets: the service name (empty otherwise).
     pub service: String,
+    /// FOCUS targets: exactly these flow labels (empty otherwise).
+    pub flow_labels: Vec<u32>,
 }
 
 impl ProbeTarget {
@@ -67,6 +69,11 @@ impl ProbeTarget {
             } else {
                 String::new()
             },
+            flow_labels: if kind == PinglistKind::Focus {
+                t.flow_labels.clone()
+            } else {
+                Vec::new()
+            },
         })
     }
 
@@ -87,6 +94,7 @@ impl ProbeTarget {
             traffic_class: 0,
             service_level: 0,
             service: String::new(),
+            flow_labels: Vec::new(),
         }
     }
 }
@@ -97,6 +105,8 @@ pub struct Pinglists {
     pub tor_mesh: Vec<ProbeTarget>,
     pub inter_tor: Vec<ProbeTarget>,
     pub service: Vec<ProbeTarget>,
+    /// Adaptive probing: through what the controller suspects (usually empty).
+    pub focus: Vec<ProbeTarget>,
     /// Hostping R2R: the other RNICs of this host (made by the agent, not fetched).
     pub host: Vec<ProbeTarget>,
 }
@@ -107,6 +117,7 @@ impl Pinglists {
             PinglistKind::TorMesh => &self.tor_mesh,
             PinglistKind::InterTor => &self.inter_tor,
             PinglistKind::Service => &self.service,
+            PinglistKind::Focus => &self.focus,
             PinglistKind::Host => &self.host,
         }
     }
@@ -115,6 +126,7 @@ impl Pinglists {
             PinglistKind::TorMesh => &mut self.tor_mesh,
             PinglistKind::InterTor => &mut self.inter_tor,
             PinglistKind::Service => &mut self.service,
+            PinglistKind::Focus => &mut self.focus,
             PinglistKind::Host => &mut self.host,
         }
     }

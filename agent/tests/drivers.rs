@@ -16,6 +16,7 @@ use tokio::sync::mpsc;
 
 fn params(tor: &str, window_sec: Option<u64>) -> DriverParams {
     DriverParams {
+        focus_rate: 0.0,
         source_tor: tor.into(),
         round_interval_ns: 10_000_000,
         tor_mesh_rate: 100.0,
@@ -69,6 +70,7 @@ async fn probes_succeed_and_network_rtt_is_below_the_round_trip() {
     let (a_ep, b_ep) = (a.local(), b.local());
     let (otx, mut orx) = mpsc::unbounded_channel();
     let lists = Pinglists {
+        focus: Vec::new(),
         tor_mesh: vec![],
         inter_tor: vec![target_of(&b_ep, "tor-b", PinglistKind::InterTor)],
         service: vec![],
@@ -139,6 +141,7 @@ async fn garbage_is_counted_and_dropped_while_probing_continues() {
     let (ha, ta) = StaticDriver::spawn(
         a,
         Pinglists {
+            focus: Vec::new(),
             tor_mesh: vec![target_of(&b_ep, "tor-a", PinglistKind::TorMesh)],
             inter_tor: vec![],
             service: vec![],
@@ -150,6 +153,7 @@ async fn garbage_is_counted_and_dropped_while_probing_continues() {
     let (hb, tb) = StaticDriver::spawn(
         b,
         Pinglists {
+            focus: Vec::new(),
             tor_mesh: vec![target_of(&a_ep, "tor-a", PinglistKind::TorMesh)],
             inter_tor: vec![],
             service: vec![],
@@ -220,6 +224,7 @@ async fn windows_become_path_summaries_and_shutdown_flushes() {
     let (sink, mut rx) = report::channel(16);
     let (otx, mut orx) = mpsc::unbounded_channel();
     let lists = Pinglists {
+        focus: Vec::new(),
         tor_mesh: vec![],
         inter_tor: vec![target_of(&b_ep, "tor-b", PinglistKind::InterTor)],
         service: vec![],
@@ -256,6 +261,7 @@ async fn pinglist_updates_retarget_and_self_is_never_probed() {
     let (otx, mut orx) = mpsc::unbounded_channel();
     // A's own entry in its list must be ignored.
     let lists = Pinglists {
+        focus: Vec::new(),
         tor_mesh: vec![target_of(&a_ep, "tor-a", PinglistKind::TorMesh)],
         inter_tor: vec![target_of(&b_ep, "tor-b", PinglistKind::InterTor)],
         service: vec![],
@@ -268,6 +274,7 @@ async fn pinglist_updates_retarget_and_self_is_never_probed() {
     assert_eq!(first.len(), 5);
     assert!(first.iter().all(|o| o.target_qpn == b_ep.qpn));
     ha.pinglists.send_replace(Arc::new(Pinglists {
+        focus: Vec::new(),
         tor_mesh: vec![],
         inter_tor: vec![target_of(&c_ep, "tor-c", PinglistKind::InterTor)],
         service: vec![],
@@ -312,6 +319,7 @@ async fn agent_answers_probes_with_an_unreachable_controller() {
     let p = RnicDriver::new(bind(), params("tor-p", None), Metrics::disabled());
     let (otx, mut orx) = mpsc::unbounded_channel();
     let lists = Pinglists {
+        focus: Vec::new(),
         tor_mesh: vec![],
         inter_tor: vec![target_of(&agent_ep, "tor-x", PinglistKind::InterTor)],
         service: vec![],

@@ -128,6 +128,10 @@ impl PathState {
 type PathKey = (u32, u32, u32);
 
 const SERVICE_TYPE: i32 = PinglistType::Service as i32;
+const FOCUS_TYPE: i32 = PinglistType::Focus as i32;
+/// The path kind of FOCUS windows: apart from the pair's ToR-mesh / inter-ToR window,
+/// localized with them.
+const FOCUS_PATH_KIND: u32 = u32::MAX;
 
 pub struct Analyzer {
     params: AnalyzerParams,
@@ -139,6 +143,8 @@ pub struct Analyzer {
     violations: VecDeque<Violation>,
     findings: FindingBook,
     summaries_total: u64,
+    /// Probes of FOCUS windows ingested (adaptive probing's extra probes).
+    focus_probes_total: u64,
     localizer: Localizer,
     /// Window start -> window length, for windows seen but not localized yet.
     unlocalized: BTreeMap<u64, u64>,
@@ -195,6 +201,7 @@ impl Analyzer {
             violations: VecDeque::new(),
             findings: FindingBook::new(params.violation_log_capacity),
             summaries_total: 0,
+            focus_probes_total: 0,
             localizer: Localizer::new(params.localizer, topology),
             unlocalized: BTreeMap::new(),
             localized_through: None,
@@ -226,7 +233,7 @@ impl Analyzer {
             let window = self
                 .paths
                 .iter()
-                .filter(|(k, _)| k.2 == 0)
+                .filter(|(k, _)| k.2 == 0 || k.2 == FOCUS_PATH_KIND)
                 .filter_map(|(_, p)| {
                     p.windows
                         .iter()
@@ -264,6 +271,9 @@ impl Analyzer {
     }
 
     fn path_kind(&mut self, s: &PathSummary) -> u32 {
+        if s.pinglist_type == FOCUS_TYPE {
+            return FOCUS_PATH_KIND;
+        }
         if s.pinglist_type != SERVICE_TYPE {
             return 0;
         }
@@ -293,6 +303,9 @@ impl Analyzer {
         let retention = self.params.window_retention.max(1);
         for s in batch {
             report.ingested += 1;
+            if s.pinglist_type == FOCUS_TYPE {
+                self.focus_probes_total += s.probe_total as u64;
+            }
             if s.probe_total == 0 && s.rc_ring.is_some() {
                 self.join_rc_ring(s, retention);
                 continue;
@@ -406,6 +419,11 @@ impl Analyzer {
 
     pub fn summaries_total(&self) -> u64 {
         self.summaries_total
+    }
+
+    /// Probes of the FOCUS windows ingested so far.
+    pub fn focus_probes_total(&self) -> u64 {
+        self.focus_probes_total
     }
 
     pub fn path_count(&self) -> usize {

@@ -15,6 +15,7 @@ use rpingmesh_config_table::{config_table, env_dict, NamedDict};
 use rpingmesh_metrics_export::{parse_listen_addr, Exporter};
 
 use crate::analyzer::AnalyzerParams;
+use crate::focus::FocusParams;
 use crate::localize::LocalizerParams;
 use crate::topology::Topology;
 
@@ -76,6 +77,10 @@ config_table! {
         analyzer_open_after_windows: u32 = 1, flag u32;
         /// M: windows not blaming a component before its open finding resolves.
         analyzer_resolve_after_windows: u32 = 2, flag u32;
+        /// Adaptive probing: components the gray detector suspects that get FOCUS probes at once (the strongest); 0 = off.
+        analyzer_focus_max_components: u32 = 8, flag u32;
+        /// Adaptive probing: FOCUS targets per suspect component (one source RNIC each).
+        analyzer_focus_sources: u32 = 4, flag u32;
         /// OTLP/gRPC endpoint of the metrics.
         otel_collector_addr: String = "localhost:4317".into(), flag String;
         /// debug, info, warn, error.
@@ -340,6 +345,16 @@ impl ControllerConfig {
                 ..LocalizerParams::default()
             },
             ..AnalyzerParams::default()
+        }
+    }
+
+    /// Adaptive probing's bounds from the `analyzer_focus_*` keys.
+    pub fn focus_params(&self) -> FocusParams {
+        FocusParams {
+            max_components: self.analyzer_focus_max_components as usize,
+            sources: self.analyzer_focus_sources as usize,
+            active_threshold_sec: self.active_threshold_sec,
+            ..FocusParams::default()
         }
     }
 

@@ -10,6 +10,7 @@ pub mod analyzer;
 pub mod config;
 pub mod ecmp;
 pub mod findings;
+pub mod focus;
 pub mod leader;
 pub mod liveness;
 pub mod localize;

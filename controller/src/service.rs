@@ -39,6 +39,7 @@ use rpingmesh_proto::operator::{
 use crate::analyzer::{Analyzer, PathFilter, ViolationKind};
 use crate::config::{ControllerConfig, DatabaseUri};
 use crate::ecmp;
+use crate::focus::FocusPlanner;
 use crate::leader::Leadership;
 use crate::liveness::{heartbeat_interval_sec, StallWatch};
 use crate::localize::{ComponentKind, Localizer};
@@ -82,6 +83,26 @@ pub const WATCH_SNAPSHOT_RESOLVED: usize = 100;
 /// Changed findings kept for the next tick while the store fails to take them; past this
 /// the oldest ids are given up (logged).
 const UNSAVED_FINDINGS_CAP: usize = 10_000;
+
+/// The store key of the gray detector's learned baseline, and how many windows it learns
+/// between two writes (five minutes of 30 s windows).
+pub const BASELINE_KEY: &str = "gray_baseline";
+const BASELINE_SAVE_WINDOWS: u64 = 10;
+
+/// Takes the stored baseline over, if there is one (a damaged one: logged, start cold).
+fn restore_baseline(registry: &IndexedRegistry, a: &mut Analyzer) {
+    match registry.load_state(BASELINE_KEY) {
+        Ok(Some(json)) => match a.localizer_mut().restore_baseline(&json) {
+            Ok(()) => tracing::info!(
+                windows = a.localizer().baseline_windows(),
+                "learned baseline restored from the store"
+            ),
+            Err(e) => tracing::warn!(error = %e, "the stored baseline cannot be read; learning anew"),
+        },
+        Ok(None) => {}
+        Err(e) => tracing::warn!(error = %e, "cannot load the learned baseline; learning anew"),
+    }
+}
 
 /// Hosts whose Hostping reports are kept (a report from one more is refused).
 pub const MAX_HOSTS: usize = 200_000;
@@ -160,6 +181,12 @@ pub struct ControllerState {
     findings_tx: broadcast::Sender<FindingEvent>,
     /// Changed findings the store has not taken yet (a failed write), by id.
     findings_unsaved: Mutex<BTreeMap<u64, Finding>>,
+    /// Baseline windows at its last write to the store (u64::MAX: none yet).
+    baseline_saved: AtomicU64,
+    /// Adaptive probing's FOCUS lists. Lock order: index, analyzer, then this.
+    focus: Mutex<FocusPlanner>,
+    /// Baseline windows when the FOCUS lists were last planned.
+    focus_windows: AtomicU64,
     /// Set when the server shuts down: ends the WatchFindings streams (a graceful
     /// shutdown waits for every open call).
     stopping: watch::Sender<bool>,
@@ -228,6 +255,7 @@ impl ControllerState {
                     );
                 }
                 a.localizer_mut().restore(findings);
+                restore_baseline(&registry, &mut a);
                 Some(Mutex::new(a))
             }
         };
@@ -256,6 +284,9 @@ impl ControllerState {
             analyzer,
             findings_tx: broadcast::channel(FINDINGS_CHANNEL_CAPACITY).0,
             findings_unsaved: Mutex::new(BTreeMap::new()),
+            baseline_saved: AtomicU64::new(u64::MAX),
+            focus: Mutex::new(FocusPlanner::new(cfg.focus_params())),
+            focus_windows: AtomicU64::new(0),
             stopping: watch::channel(false).0,
             metrics,
             pinglist: PinglistParams {
@@ -410,7 +441,63 @@ impl ControllerState {
             return Vec::new();
         }
         let now = self.now_ns();
-        self.step_findings(|a, idx| a.tick(now, idx))
+        let events = self.step_findings(|a, idx| {
+            let events = a.tick(now, idx);
+            self.refocus(a, idx, now / 1_000_000_000);
+            events
+        });
+        self.save_baseline();
+        events
+    }
+
+    /// After a window was localized: the FOCUS lists follow the gray detector's suspects
+    /// (adaptive probing). Runs under the index and analyzer locks (that order).
+    fn refocus(&self, a: &Analyzer, idx: &RegistryIndex, now_sec: u64) {
+        let windows = a.localizer().baseline_windows();
+        if self.focus_windows.swap(windows, Ordering::Relaxed) == windows {
+            return;
+        }
+        let mut f = self.focus.lock().unwrap_or_else(|e| e.into_inner());
+        if f.update(a.localizer().suspects(), idx, a.localizer().topology(), now_sec) {
+            tracing::info!(
+                generation = f.generation(),
+                targets = f.target_count(),
+                focused = ?f.focused().collect::<Vec<_>>(),
+                "FOCUS pinglists changed (adaptive probing)"
+            );
+        }
+    }
+
+    /// (FOCUS targets handed out now, FOCUS probes ingested so far): what adaptive
+    /// probing costs.
+    pub fn focus_stats(&self) -> (u64, u64) {
+        let probes = self.analyzer().map_or(0, |a| a.focus_probes_total());
+        let targets = self.focus.lock().unwrap_or_else(|e| e.into_inner()).target_count();
+        (targets as u64, probes)
+    }
+
+    /// The FOCUS lists' generation agents compare with theirs (acks carry it).
+    pub fn focus_generation(&self) -> u64 {
+        self.focus.lock().unwrap_or_else(|e| e.into_inner()).generation()
+    }
+
+    /// Writes the gray detector's learned baseline to the store after its first window,
+    /// then every `BASELINE_SAVE_WINDOWS` windows it learns (no lock held during the
+    /// write).
+    fn save_baseline(&self) {
+        let Some(a) = self.analyzer() else { return };
+        let windows = a.localizer().baseline_windows();
+        let saved = self.baseline_saved.load(Ordering::Relaxed);
+        // The first window learned is stored at once, then every few.
+        if windows == 0 || (saved != u64::MAX && windows < saved.saturating_add(BASELINE_SAVE_WINDOWS)) {
+            return;
+        }
+        let json = a.localizer().baseline_json();
+        drop(a);
+        match self.registry.save_state(BASELINE_KEY, &json) {
+            Ok(()) => self.baseline_saved.store(windows, Ordering::Relaxed),
+            Err(e) => tracing::warn!(error = %e, "storing the learned baseline failed; retrying later"),
+        }
     }
 
     /// Whether this replica analyzes now. At the first tick after it was elected, it takes
@@ -425,6 +512,7 @@ impl ControllerState {
                     let open = f.iter().filter(|f| f.open).count();
                     if let Some(mut a) = self.analyzer() {
                         a.localizer_mut().reset_to(f);
+                        restore_baseline(&self.registry, &mut a);
                     }
                     tracing::info!(
                         open,
@@ -1136,7 +1224,13 @@ impl ControllerService for ControllerSvc {
             PinglistType::InterTor => {
                 pinglist::inter_tor(&idx, &tor, requester_key, now, &st.pinglist, &mut rng)
             }
-            PinglistType::Focus => Vec::new(),
+            PinglistType::Focus => {
+                let f = st.focus.lock().unwrap_or_else(|e| e.into_inner());
+                exclude
+                    .iter()
+                    .flat_map(|g| f.targets_for(g).iter().cloned())
+                    .collect()
+            }
             PinglistType::Service => {
                 let sources: Vec<&str> = match &requester {
                     Some(g) => vec![g.as_str()],
@@ -1258,7 +1352,7 @@ impl ControllerService for ControllerSvc {
         Ok(Response::new(ProbeAnalysisAck {
             accepted: dropped == 0 || report.ingested > 0,
             sla_violations: report.violations.len() as u32,
-            focus_generation: 0,
+            focus_generation: st.focus_generation(),
         }))
     }
 }

@@ -22,6 +22,8 @@ pub const METRIC_FINDINGS_OPEN: &str = "rpingmesh.analyzer.findings_open";
 pub const METRIC_RNICS: &str = "rpingmesh.controller.rnics";
 pub const METRIC_SERVICE_PATHS: &str = "rpingmesh.controller.service_paths";
 pub const METRIC_HOST_FINDINGS: &str = "rpingmesh.hostping.host_findings";
+pub const METRIC_FOCUS_TARGETS: &str = "rpingmesh.analyzer.focus_targets";
+pub const METRIC_FOCUS_PROBES: &str = "rpingmesh.analyzer.focus_probes_total";
 
 /// Analyzer counters. Attributes are ToR-level only (bounded cardinality); per-GID
 /// detail goes to logs and the operator API.
@@ -163,6 +165,28 @@ impl Telemetry {
                 let Some(st) = st.upgrade() else { return };
                 for ((host, kind), n) in st.host_findings_by_kind() {
                     o.observe(n, &[KeyValue::new("hostname", host), KeyValue::new("kind", kind)]);
+                }
+            })
+            .build();
+        let st = Arc::downgrade(state);
+        meter
+            .u64_observable_gauge(METRIC_FOCUS_TARGETS)
+            .with_description(
+                "FOCUS targets handed out now (adaptive probing through suspect components)",
+            )
+            .with_callback(move |o| {
+                if let Some(st) = st.upgrade() {
+                    o.observe(st.focus_stats().0, &[]);
+                }
+            })
+            .build();
+        let st = Arc::downgrade(state);
+        meter
+            .u64_observable_counter(METRIC_FOCUS_PROBES)
+            .with_description("Probes of FOCUS windows ingested: adaptive probing's extra probes")
+            .with_callback(move |o| {
+                if let Some(st) = st.upgrade() {
+                    o.observe(st.focus_stats().1, &[]);
                 }
             })
             .build();

@@ -159,6 +159,8 @@ struct Controller {
     metrics: String,
     /// The controller's stderr lines (JSON logs) as they come.
     log: mpsc::Receiver<String>,
+    /// What it logged before it listened.
+    boot_log: String,
 }
 
 impl Drop for Controller {
@@ -205,12 +207,15 @@ fn spawn(db: &Path, extra: &[&str]) -> Controller {
         }
     });
     let (mut grpc, mut metrics) = (None, None);
+    let mut boot_log = String::new();
     let deadline = Instant::now() + Duration::from_secs(20);
     while grpc.is_none() || metrics.is_none() {
         let left = deadline.saturating_duration_since(Instant::now());
         let line = log
             .recv_timeout(left)
             .unwrap_or_else(|_| panic!("the controller did not come up: {:?}", child.try_wait()));
+        boot_log.push_str(&line);
+        boot_log.push('\n');
         let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
             continue;
         };
@@ -226,6 +231,7 @@ fn spawn(db: &Path, extra: &[&str]) -> Controller {
         grpc: grpc.unwrap(),
         metrics: metrics.unwrap(),
         log,
+        boot_log,
     }
 }
 
@@ -333,6 +339,36 @@ fn stored_until(db: &Path, what: &str, ok: impl Fn(&[Finding]) -> bool) -> Vec<F
         assert!(Instant::now() < deadline, "{what}: the store has {f:#?}");
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// The stored baseline (JSON), once the controller has written it.
+fn stored_baseline_until(db: &Path) -> serde_json::Value {
+    let t0 = Instant::now();
+    loop {
+        let st = SqliteRegistry::open(db).unwrap();
+        if let Some(v) = st
+            .load_state(rpingmesh_controller::service::BASELINE_KEY)
+            .unwrap()
+        {
+            return serde_json::from_slice(&v).expect("a JSON baseline");
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "no baseline stored");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The controller's log so far, once it contains `what` (or after 10 s).
+fn wait_log(c: &Controller, what: &str) -> String {
+    let t0 = Instant::now();
+    let mut log = c.boot_log.clone();
+    while t0.elapsed() < Duration::from_secs(10) {
+        log.push_str(&c.drain_log());
+        if log.contains(what) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    log
 }
 
 fn gauge(metrics: &str, kind: &str) -> Option<f64> {
@@ -487,6 +523,10 @@ async fn a_dead_rnic_is_found_watched_resolved_and_survives_a_kill() {
             .is_err()
     );
 
+    // The gray detector's learned baseline is in the store by now.
+    let learned = stored_baseline_until(&db);
+    assert!(learned["windows"].as_u64().unwrap() >= 1, "{learned}");
+
     // SIGKILL, and a new controller on the same file.
     drop((watch, rnic_watch, link_watch, ctl, op));
     drop(c);
@@ -511,6 +551,8 @@ async fn a_dead_rnic_is_found_watched_resolved_and_survives_a_kill() {
     }
     let m = c.scrape();
     assert_eq!(gauge(&m, "rnic"), Some(1.0), "restored open finding: {m}");
+    let log = wait_log(&c, "learned baseline restored");
+    assert!(log.contains("learned baseline restored from the store"), "{log}");
 
     // The restored finding goes on: a window without Y resolves it; Z's gets id 3.
     report(&mut ctl, window(&nics, windows.next(), &[z])).await;

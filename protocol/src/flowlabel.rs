@@ -47,6 +47,8 @@ pub struct FlowLabelSet {
     count: u32,
     legacy: u32,
     next: u32,
+    /// Labels given one by one (FOCUS targets): used in order, no rotation.
+    explicit: Vec<u32>,
 }
 
 impl FlowLabelSet {
@@ -57,7 +59,15 @@ impl FlowLabelSet {
             count,
             legacy: legacy_flow_label & FLOW_LABEL_MASK,
             next: 0,
+            explicit: Vec::new(),
         }
+    }
+
+    /// Exactly these labels, round-robin (an empty list is label 0 alone).
+    pub fn explicit(labels: &[u32]) -> Self {
+        let mut s = FlowLabelSet::new(0, 1, 0);
+        s.explicit = labels.iter().map(|l| l & FLOW_LABEL_MASK).collect();
+        s
     }
 
     /// Label of index `i` under `epoch`.
@@ -66,6 +76,9 @@ impl FlowLabelSet {
     /// i -> top bit set | (i/5 + offset(epoch)) mod 2^19. Both are injective per epoch
     /// for sets below 2^19 labels, so the labels of a set are distinct.
     pub fn label(&self, index: u32, epoch: u64) -> u32 {
+        if !self.explicit.is_empty() {
+            return self.explicit[index as usize % self.explicit.len()];
+        }
         if self.count <= 1 {
             return self.legacy;
         }
@@ -89,12 +102,30 @@ impl FlowLabelSet {
 
     /// Number of labels (1 for the legacy single label).
     pub fn len(&self) -> u32 {
-        self.count.max(1)
+        if self.explicit.is_empty() {
+            self.count.max(1)
+        } else {
+            self.explicit.len() as u32
+        }
     }
 
     /// Never empty: there is always at least the legacy label.
     pub fn is_empty(&self) -> bool {
         false
+    }
+}
+
+#[cfg(test)]
+mod explicit_tests {
+    use super::*;
+
+    #[test]
+    fn explicit_labels_come_in_order_and_do_not_rotate() {
+        let mut s = FlowLabelSet::explicit(&[7, 0x1F_FFFF, 9]);
+        assert_eq!(s.len(), 3);
+        let got: Vec<u32> = (0..4).map(|e| s.next_label(e)).collect();
+        assert_eq!(got, [7, 0xF_FFFF, 9, 7]);
+        assert_eq!(FlowLabelSet::explicit(&[]).len(), 1);
     }
 }
 

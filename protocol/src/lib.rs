@@ -21,24 +21,34 @@ pub enum PinglistKind {
     InterTor = 1,
     /// Live service paths learned from QP tracing (probed on the service's flow label).
     Service = 2,
+    /// Extra probes the controller asks for through a component it suspects (adaptive
+    /// probing): explicit flow labels chosen to cross it, paced by their own bucket.
+    Focus = 3,
     /// Hostping's RNIC-to-RNIC probes between the RNICs of one host: made by the agent
     /// itself, judged inside the host, never fetched from or reported to the controller
     /// (no `PinglistType` has this number).
-    Host = 3,
+    Host = 4,
 }
 
 impl PinglistKind {
     /// Every kind a driver probes.
-    pub const ALL: [PinglistKind; 4] = [
+    pub const ALL: [PinglistKind; 5] = [
         PinglistKind::TorMesh,
         PinglistKind::InterTor,
         PinglistKind::Service,
+        PinglistKind::Focus,
         PinglistKind::Host,
     ];
     /// The kinds the controller hands out and receives summaries of.
-    pub const FROM_CONTROLLER: [PinglistKind; 3] = [
+    pub const FROM_CONTROLLER: [PinglistKind; 4] = [
         PinglistKind::TorMesh,
         PinglistKind::InterTor,
         PinglistKind::Service,
+        PinglistKind::Focus,
     ];
+
+    /// Whether its probes are counted per flow label (the paths through the spines).
+    pub fn labelled(self) -> bool {
+        matches!(self, PinglistKind::InterTor | PinglistKind::Focus)
+    }
 }

@@ -415,7 +415,7 @@ mod tests {
             kinds,
             [InterTor, Service, TorMesh, InterTor, Service, TorMesh]
         );
-        assert_eq!(PinglistKind::ALL.map(|k| k as i32), [0, 1, 2, 3]);
+        assert_eq!(PinglistKind::ALL.map(|k| k as i32), [0, 1, 2, 3, 4]);
     }
 
     #[test]

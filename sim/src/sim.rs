@@ -52,6 +52,7 @@ use rand::SeedableRng;
 use rpingmesh_agent::report::{to_proto, PathKey};
 use rpingmesh_controller::analyzer::{Analyzer, AnalyzerParams};
 use rpingmesh_controller::ecmp;
+use rpingmesh_controller::focus::{FocusParams, FocusPlanner};
 use rpingmesh_controller::pinglist::{self, PinglistParams};
 use rpingmesh_controller::registry::RegistryIndex;
 use rpingmesh_proto::controller_agent::{PathSummary, PingTarget};
@@ -126,6 +127,10 @@ pub struct SimOptions {
     /// From a window's end to its summaries' ingest (the agent's flush + the report).
     pub report_delay_ms: u64,
     pub analyzer: AnalyzerParams,
+    /// Adaptive probing: the controller's FOCUS planner (`max_components` 0: off) and
+    /// the agents' `focus_probe_rate_per_second`.
+    pub focus: FocusParams,
+    pub focus_rate: f64,
 }
 
 impl Default for SimOptions {
@@ -144,6 +149,11 @@ impl Default for SimOptions {
                 localize_settle_ns: 5 * NS,
                 ..AnalyzerParams::default()
             },
+            focus: FocusParams {
+                active_threshold_sec: ACTIVE_THRESHOLD_SEC,
+                ..FocusParams::default()
+            },
+            focus_rate: 20.0,
         }
     }
 }
@@ -218,6 +228,9 @@ pub struct SimOutcome {
     pub summaries: u64,
     pub virtual_sec: f64,
     pub wall_sec: f64,
+    /// The strongest evidence (nats) the gray detector saw short of naming a component:
+    /// on a fault-free run, the margin to its naming bar.
+    pub max_suspect_score: f64,
 }
 
 impl SimOutcome {
@@ -305,6 +318,9 @@ struct Node {
     /// Virtual time of the next pinglist refresh (u64::MAX: none).
     next_refresh: u64,
     refreshes: u64,
+    /// The ToR-mesh and inter-ToR lists as last fetched, and the FOCUS list.
+    lists: Vec<(PinglistKind, Vec<PingTarget>)>,
+    focus: Vec<PingTarget>,
     scratch: Vec<ProbeOutcome>,
 }
 
@@ -344,6 +360,7 @@ struct World {
     index: RegistryIndex,
     gid_index: HashMap<String, u32>,
     pinglist: PinglistParams,
+    focus_rate: f64,
     /// Unix seconds every agent registered (and keeps heartbeating) at.
     registered_sec: u64,
     empty: Arc<str>,
@@ -377,6 +394,13 @@ pub struct Sim {
     events_reported: usize,
     findings: Vec<FindingRecord>,
     finding_pos: HashMap<u64, usize>,
+    /// The strongest evidence (nats) the gray detector had short of naming something.
+    max_suspect_score: f64,
+    /// The controller's FOCUS lists; windows localized when they were last planned; per
+    /// host, the generation its agent last fetched.
+    focus: FocusPlanner,
+    focus_windows: u64,
+    focus_seen: Vec<u64>,
     wall: f64,
 }
 
@@ -457,6 +481,8 @@ impl Sim {
                 next_wake: u64::MAX,
                 next_refresh: if start < duration { start } else { u64::MAX },
                 refreshes: 0,
+                lists: Vec::new(),
+                focus: Vec::new(),
                 scratch: Vec::new(),
             });
         }
@@ -464,6 +490,7 @@ impl Sim {
             .map(|_| Responder::new(RESPONDER_PENDING, timeout))
             .collect();
         let windows_total = (duration / window_ns).min(u32::MAX as u64) as u32;
+        let host_count = fabric.hosts.len();
         let analyzer = Analyzer::with_topology(opts.analyzer, Some(fabric.topology.clone()));
         let mut sim = Sim {
             scenario: scenario.clone(),
@@ -481,6 +508,7 @@ impl Sim {
                     inter_tor_sample_size: opts.inter_tor_sample_size,
                     flow_label_count: opts.flow_label_count.max(1),
                 },
+                focus_rate: opts.focus_rate,
                 registered_sec,
                 empty: Arc::from(""),
             },
@@ -501,6 +529,10 @@ impl Sim {
             events_reported: 0,
             findings: Vec::new(),
             finding_pos: HashMap::new(),
+            max_suspect_score: 0.0,
+            focus: FocusPlanner::new(opts.focus),
+            focus_windows: 0,
+            focus_seen: vec![0; host_count],
             wall: 0.0,
         };
         sim.final_horizon = if windows_total == 0 {
@@ -658,6 +690,7 @@ impl Sim {
             summaries: self.summaries,
             virtual_sec: self.now as f64 / 1e9,
             wall_sec: self.wall,
+            max_suspect_score: self.max_suspect_score,
         }
     }
 
@@ -709,7 +742,7 @@ impl Sim {
         let mut stats = self.empty_window(k);
         let mut pairs: HashMap<(u32, u32), (u64, u64)> = HashMap::new();
         let window_start = w.k.base + k as u64 * self.window_ns;
-        for h in &w.fabric.hosts {
+        for (hi, h) in w.fabric.hosts.iter().enumerate() {
             let mut batch: Vec<PathSummary> = Vec::new();
             for &r in &h.rnics {
                 let node = &mut self.nodes[r as usize];
@@ -746,6 +779,16 @@ impl Sim {
             if !batch.is_empty() {
                 self.summaries += batch.len() as u64;
                 self.analyzer.ingest(batch, now_unix);
+                // The ack names the FOCUS generation: a new one is fetched at once.
+                let g = self.focus.generation();
+                if self.focus_seen[hi] != g {
+                    self.focus_seen[hi] = g;
+                    for &r in &h.rnics {
+                        let node = &mut self.nodes[r as usize];
+                        node.focus = self.focus.targets_for(&node.gid).to_vec();
+                        reapply(w, node, v);
+                    }
+                }
             }
         }
         let mut pairs: Vec<_> = pairs.into_iter().collect();
@@ -780,6 +823,17 @@ impl Sim {
 
     fn tick(&mut self, v: u64) {
         let events = self.analyzer.tick(self.w.k.base + v, &self.w.index);
+        let l = self.analyzer.localizer();
+        if l.baseline_windows() != self.focus_windows {
+            // A window was localized: suspects move the FOCUS lists (as the controller's
+            // findings tick does).
+            self.focus_windows = l.baseline_windows();
+            if let Some(s) = l.suspects().first() {
+                self.max_suspect_score = self.max_suspect_score.max(s.score);
+            }
+            self.focus
+                .update(l.suspects(), &self.w.index, l.topology(), self.w.registered_sec);
+        }
         for e in events {
             self.note(e, v);
         }
@@ -885,19 +939,23 @@ fn refresh(w: &World, node: &mut Node, counts: &mut ProbeCounts, v: u64) {
     ));
     let inter_tor = pinglist::inter_tor(&w.index, tor, gid, now, &w.pinglist, &mut rng);
     node.refreshes += 1;
-    apply_pinglists(
-        w,
-        node,
-        &[
-            (PinglistKind::TorMesh, tor_mesh),
-            (PinglistKind::InterTor, inter_tor),
-        ],
-        v,
-    );
-    // A new kind's first round is due now.
-    schedule_wake(node, v.saturating_sub(1), w.k.duration);
+    node.lists = vec![
+        (PinglistKind::TorMesh, tor_mesh),
+        (PinglistKind::InterTor, inter_tor),
+    ];
+    reapply(w, node, v);
     let next = v + w.k.refresh;
     node.next_refresh = if next < w.k.duration { next } else { u64::MAX };
+}
+
+/// Applies the node's lists (fetched and FOCUS); a new kind's first round is due now.
+fn reapply(w: &World, node: &mut Node, v: u64) {
+    let mut lists = std::mem::take(&mut node.lists);
+    lists.push((PinglistKind::Focus, std::mem::take(&mut node.focus)));
+    apply_pinglists(w, node, &lists, v);
+    node.focus = lists.pop().map(|l| l.1).unwrap_or_default();
+    node.lists = lists;
+    schedule_wake(node, v.saturating_sub(1), w.k.duration);
 }
 
 /// Replaces the node's targets as the agent's `apply_pinglists` does: targets that stay
@@ -906,7 +964,7 @@ fn apply_pinglists(w: &World, node: &mut Node, lists: &[(PinglistKind, Vec<PingT
     let fabric = &w.fabric;
     let mut old: HashMap<TargetId, Target> = node.targets.drain(..).map(|t| (t.id, t)).collect();
     let mut keep: HashSet<TargetId> = HashSet::new();
-    let mut by_kind: [Vec<TargetId>; 3] = Default::default();
+    let mut by_kind: [Vec<TargetId>; 4] = Default::default();
     let mut targets = Vec::new();
     for (kind, list) in lists {
         for pt in list {
@@ -925,13 +983,20 @@ fn apply_pinglists(w: &World, node: &mut Node, lists: &[(PinglistKind, Vec<PingT
             if !keep.insert(id) {
                 continue; // listed twice
             }
-            let spec = (pt.flow_label_seed, pt.flow_label_count, pt.flow_label);
+            let spec = if *kind == PinglistKind::Focus {
+                (labels_key(&pt.flow_labels), pt.flow_labels.len() as u32, 0)
+            } else {
+                (pt.flow_label_seed, pt.flow_label_count, pt.flow_label)
+            };
             let t = match old.remove(&id) {
                 Some(t) if t.spec == spec => t,
                 _ => {
                     let r = &fabric.rnics[dst as usize];
-                    let labels =
-                        FlowLabelSet::new(pt.flow_label_seed, pt.flow_label_count, pt.flow_label);
+                    let labels = if *kind == PinglistKind::Focus {
+                        FlowLabelSet::explicit(&pt.flow_labels)
+                    } else {
+                        FlowLabelSet::new(pt.flow_label_seed, pt.flow_label_count, pt.flow_label)
+                    };
                     let local = r.tor == node.tor;
                     Target {
                         id,
@@ -971,13 +1036,27 @@ fn apply_pinglists(w: &World, node: &mut Node, lists: &[(PinglistKind, Vec<PingT
     node.targets = targets;
     let mono = v + node.off;
     let rate = w.k.rate;
-    let [tor_mesh, inter_tor, service] = by_kind;
+    let [tor_mesh, inter_tor, service, focus] = by_kind;
+    node.scheduler.set_targets_every(
+        PinglistKind::Focus,
+        focus,
+        w.focus_rate,
+        rpingmesh_agent::rnic::focus_round_ns(w.focus_rate),
+        mono,
+    );
     node.scheduler
         .set_targets(PinglistKind::Service, service, rate, mono);
     node.scheduler
         .set_targets(PinglistKind::TorMesh, tor_mesh, rate, mono);
     node.scheduler
         .set_targets(PinglistKind::InterTor, inter_tor, rate, mono);
+}
+
+/// A FOCUS target's labels as one number (a new list is a new target).
+fn labels_key(labels: &[u32]) -> u32 {
+    labels
+        .iter()
+        .fold(0x811c_9dc5u32, |h, &l| (h ^ l).wrapping_mul(0x0100_0193))
 }
 
 /// Per directed ToR-spine link, its background loss threshold (empty without a spread:
@@ -1125,10 +1204,12 @@ fn probe(
         (spine(r.fwd), spine(r.rev))
     };
     let id = t.id;
+    let t_kind = t.kind;
     let off_a = node.off;
     let (host_a, tor_a) = (node.host, node.tor);
     let pkt = node.prober.start_probe(id, label, v1 + off_a);
     counts.sent += 1;
+    counts.focus += (t_kind == PinglistKind::Focus) as u64;
     let deadline = v1 + k.timeout;
     let rng = &mut node.rng;
     let v2 = v1 + w.endpoint(noise::PROBER_TX_NS, rng) + w.stall(host_a, v1, rng);
@@ -1197,7 +1278,7 @@ fn record(node: &mut Node, o: &ProbeOutcome, v: u64, base: u64, counts: &mut Pro
     let t = &node.targets[slot as usize];
     // Inter-ToR windows are also counted per flow label, and every outcome in the window
     // it was sent in (as agent/src/rnic.rs does): T1 is on the host clock `v + off`.
-    let label = (t.kind == PinglistKind::InterTor).then_some(o.flow_label);
+    let label = t.kind.labelled().then_some(o.flow_label);
     let sent = o.timestamps.t1.map_or(v, |t1| t1.saturating_sub(node.off));
     node.agg
         .record_labelled(&t.key, &o.result, label, base + sent);

@@ -140,6 +140,7 @@ fn agent(dur: Duration, in_flight: usize) -> (f64, u64) {
 fn agent_on(link: &Link, dur: Duration, in_flight: usize) -> (f64, u64) {
     rt().block_on(async move {
         let params = |tor: &str| DriverParams {
+            focus_rate: 0.0,
             source_tor: tor.into(),
             round_interval_ns: 1_000,
             tor_mesh_rate: 1e9,
@@ -165,6 +166,7 @@ fn agent_on(link: &Link, dur: Duration, in_flight: usize) -> (f64, u64) {
         let (ha, ta) = StaticDriver::spawn(
             a,
             Pinglists {
+                focus: Vec::new(),
                 tor_mesh: vec![target],
                 inter_tor: vec![],
                 service: vec![],

@@ -89,6 +89,7 @@ fn counter_tree() -> std::io::Result<(TreeDir, Vec<(String, u32)>)> {
 
 fn params() -> DriverParams {
     DriverParams {
+        focus_rate: 0.0,
         source_tor: "hostping".into(),
         round_interval_ns: 0,
         tor_mesh_rate: 0.0,

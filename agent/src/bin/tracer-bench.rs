@@ -397,6 +397,7 @@ async fn probe_phase(dur: Duration) -> ProbePhase {
         tor_mesh_rate: per_target,
         inter_tor_rate: per_target,
         service_rate: per_target,
+        focus_rate: 0.0,
         host_rate: 0.0,
         host_round_ns: 1_000_000_000,
         probe_timeout_ns: 500_000_000,
@@ -431,9 +432,7 @@ async fn probe_phase(dur: Duration) -> ProbePhase {
         tor_mesh.extend(shared.iter().cloned());
         Pinglists {
             tor_mesh,
-            inter_tor: vec![],
-            service: vec![],
-            host: vec![],
+            ..Pinglists::default()
         }
     };
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<TargetOutcome>();

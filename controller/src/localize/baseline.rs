@@ -78,9 +78,10 @@ impl LossBaseline {
     }
 }
 
-/// Buckets of a delay sketch: four per octave from 256 ns (bucket 0 holds everything
-/// below) to about 17 s.
-const BUCKETS: usize = 104;
+/// Buckets of a delay sketch: sixteen per octave (4% wide) from 256 ns (bucket 0 holds
+/// everything below) to about 17 s.
+const PER_OCTAVE: f64 = 16.0;
+const BUCKETS: usize = 416;
 const BUCKET0_NS: f64 = 256.0;
 
 /// A decayed log-scale histogram of one kind of path-level endpoint delay.
@@ -102,11 +103,11 @@ fn bucket_of(ns: u64) -> usize {
     if x <= 1.0 {
         return 0;
     }
-    ((x.log2() * 4.0).ceil() as usize).min(BUCKETS - 1)
+    ((x.log2() * PER_OCTAVE).ceil() as usize).min(BUCKETS - 1)
 }
 
 fn bucket_top_ns(i: usize) -> f64 {
-    BUCKET0_NS * 2f64.powf(i as f64 / 4.0)
+    BUCKET0_NS * 2f64.powf(i as f64 / PER_OCTAVE)
 }
 
 impl DelaySketch {
@@ -159,10 +160,11 @@ pub struct DelayBaseline {
 
 impl DelayBaseline {
     /// The bar a stalled host's paths clear: the p99 plus four times its distance from
-    /// the median (robust to a few stalled hosts in the data, which a p99.9 is not).
+    /// the median, and at least a quarter of the median (robust to a few stalled hosts
+    /// in the data, which a p99.9 is not; and not a hair above a tight fleet's p99).
     pub fn bar(sketch: &DelaySketch) -> f64 {
         let (p50, p99) = (sketch.quantile(0.5), sketch.quantile(0.99));
-        p99 + 4.0 * (p99 - p50)
+        p99 + (4.0 * (p99 - p50)).max(0.25 * p50)
     }
     pub fn exceed_rate(&self) -> f64 {
         self.exceed

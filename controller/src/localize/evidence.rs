@@ -31,6 +31,8 @@ pub enum Component {
     Tor(String),
     /// A directed ToR-spine link, by topology indices.
     Link(u32, u32, LinkDir),
+    /// A ToR-spine link both ways (a bad cable or optic often is), by topology indices.
+    Cable(u32, u32),
     /// Without an ECMP model: a ToR's uplink side, by ToR name.
     TorSide(String),
 }
@@ -38,7 +40,10 @@ pub enum Component {
 impl Component {
     /// Links and ToR sides are the only places a delay (not a loss) is looked for.
     pub fn carries_latency(&self) -> bool {
-        matches!(self, Component::Link(..) | Component::TorSide(_))
+        matches!(
+            self,
+            Component::Link(..) | Component::Cable(..) | Component::TorSide(_)
+        )
     }
 }
 
@@ -237,13 +242,20 @@ pub fn build(
                     let ln = l.probe_total as f64;
                     let (lf, li) = (l.probe_failed as f64, l.probe_invalid as f64);
                     let answered = (ln - lf - li).max(0.0);
-                    let ids = links.map(|k| *link_ids.entry(k).or_insert_with(|| comps.id(Component::Link(k.0, k.1, k.2))));
+                    let ids = links.map(|k| {
+                        *link_ids
+                            .entry(k)
+                            .or_insert_with(|| comps.id(Component::Link(k.0, k.1, k.2)))
+                    });
+                    let cables = links.map(|k| comps.id(Component::Cable(k.0, k.1)));
                     w.grow(comps.len());
-                    w.expose(ids[0], ln * bf, ln);
-                    w.expose(ids[1], ln * bf, ln);
-                    w.expose(ids[2], ln * bi, 2.0 * ln);
-                    w.expose(ids[3], ln * bi, 2.0 * ln);
-                    for &c in &ids {
+                    for (i, c) in ids.into_iter().zip(cables).enumerate() {
+                        let (rate, per) = if i < 2 { (bf, 1.0) } else { (bi, 2.0) };
+                        for x in [c.0, c.1] {
+                            w.expose(x, ln * rate, per * ln);
+                        }
+                    }
+                    for &c in ids.iter().chain(dedup(&cables).iter()) {
                         w.answered[c as usize] += answered;
                     }
                     w.label_answered += answered;
@@ -256,10 +268,20 @@ pub fn build(
                         let mut loss: Vec<(u32, f64)> =
                             ends.iter().map(|&c| (c, lf + li)).collect();
                         loss.extend([(ids[0], lf), (ids[1], lf), (ids[2], li), (ids[3], li)]);
+                        // A cable the probe and its ACKs both crossed counts both.
+                        for (i, &c) in cables.iter().enumerate() {
+                            let e = if i < 2 { lf } else { li };
+                            match loss.iter_mut().find(|(x, _)| *x == c) {
+                                Some(entry) => entry.1 += e,
+                                None => loss.push((c, e)),
+                            }
+                        }
                         loss.retain(|&(_, e)| e > 0.0);
+                        let mut latency = ids.to_vec();
+                        latency.extend(dedup(&cables));
                         w.units.push(Unit {
                             loss,
-                            latency: ids.to_vec(),
+                            latency,
                             slow: if slow { answered } else { 0.0 },
                             excess_ns: l.network_rtt_p50_ns.saturating_sub(base_rtt),
                             path: r.index,
@@ -291,9 +313,14 @@ pub fn build(
                         let c = *link_ids
                             .entry(link)
                             .or_insert_with(|| comps.id(Component::Link(link.0, link.1, link.2)));
+                        let cable = comps.id(Component::Cable(link.0, link.1));
                         w.grow(comps.len());
-                        w.expose(c, n / k * rate, n / k * per);
+                        for x in [c, cable] {
+                            w.expose(x, n / k * rate, n / k * per);
+                        }
                         w.answered[c as usize] += answered;
+                        // Two of the four cross one cable (up and down at one ToR).
+                        w.answered[cable as usize] += answered / 2.0;
                     }
                 }
                 let unit = PathUnit {
@@ -346,6 +373,17 @@ pub fn build(
     }
     w.grow(comps.len());
     w
+}
+
+/// The distinct ids of `v` (a probe and its ACKs may cross one cable twice).
+fn dedup(v: &[u32]) -> Vec<u32> {
+    let mut out: Vec<u32> = Vec::with_capacity(v.len());
+    for &x in v {
+        if !out.contains(&x) {
+            out.push(x);
+        }
+    }
+    out
 }
 
 /// What a whole-path unit says: the components its events count for, and (no ECMP

@@ -104,11 +104,9 @@ pub struct GrayBlame {
     /// Evidence (nats): at naming, or the best since.
     pub score: f64,
     /// Loss: drop probability per packet and its standard error; latency: median excess
-    /// (ns) of its slow probes and the share of its probes that were slow; stall: excess
-    /// prober delay (ns).
+    /// (ns) of its slow probes; stall: excess endpoint delay (ns).
     pub loss: (f64, f64),
     pub excess_ns: u64,
-    pub slow_share: f64,
     /// Its units in this window: (path index, label).
     pub units: Vec<(u32, u32)>,
     /// Probes and events behind it (this window).
@@ -220,7 +218,6 @@ impl GrayDetector {
                     score: a.score,
                     loss: (0.0, 0.0),
                     excess_ns,
-                    slow_share: sc.k as f64 / sc.n.max(1) as f64,
                     units: Vec::new(),
                     probes: sc.n as f64,
                     events: sc.k as f64,
@@ -389,10 +386,6 @@ impl GrayDetector {
                         top = (score, effect, s);
                     }
                 }
-                if top.0 > 9.0 && std::env::var("GRAY_DEBUG").is_ok() {
-                    let (k, mu0, e, n) = self.sums(c, t, top.2);
-                    eprintln!("debug {:?} {:?} score {:.1} s {} k {k} mu0 {mu0:.4} e {e:.0} n {n:.0} ks {ks:?}", self.comps.list[c as usize], t, top.0, top.2);
-                }
                 scored.push(((c, t), top.0));
                 if best.is_none_or(|b| top.0 > b.1) {
                     best = Some(((c, t), top.0, top.1, top.2));
@@ -457,7 +450,6 @@ impl GrayDetector {
             score: a.score,
             loss: (x, poisson_stderr(a.k, a.exposure)),
             excess_ns,
-            slow_share: if a.answered > 0.0 { a.slow / a.answered } else { 0.0 },
             units,
             probes,
             events,

@@ -13,6 +13,10 @@ use super::stats::{binomial_glr, binomial_llr};
 
 /// The least share of a stalled host's observations past the bar.
 pub const STALL_SHARE: f64 = 0.5;
+/// A path's delay percentiles count once it has this many answered probes: the median
+/// of a handful is one probe's delay, not the host's (a pinglist refresh leaves windows
+/// of one probe behind).
+pub const MIN_ANSWERED: u32 = 10;
 
 /// One host's delay observations in one window.
 #[derive(Debug, Default, Clone)]
@@ -82,7 +86,7 @@ pub fn gather(p: &Placed, base: &Baseline) -> HostWindow {
     let mut all = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
     for r in &p.paths {
         let s = r.s;
-        if s.probe_success == 0 {
+        if s.probe_success < MIN_ANSWERED {
             continue;
         }
         all[0].push(s.prober_delay_p50_ns);
@@ -98,7 +102,7 @@ pub fn gather(p: &Placed, base: &Baseline) -> HostWindow {
     };
     for r in &p.paths {
         let s = r.s;
-        if s.probe_success == 0 {
+        if s.probe_success < MIN_ANSWERED {
             continue;
         }
         let (hs, hd) = (p.host_of(r.src) as usize, p.host_of(r.dst) as usize);
@@ -196,7 +200,7 @@ impl HostWindow {
     pub fn learn(&self, p: &Placed, base: &mut Baseline, skip: &[bool]) {
         for r in &p.paths {
             let s = r.s;
-            if s.probe_success == 0 {
+            if s.probe_success < MIN_ANSWERED {
                 continue;
             }
             let (hs, hd) = (p.host_of(r.src) as usize, p.host_of(r.dst) as usize);

@@ -468,4 +468,6 @@ use gray::GrayDetector;
 use placed::Placed;
 
 #[cfg(test)]
+mod gray_tests;
+#[cfg(test)]
 mod tests;

@@ -34,7 +34,7 @@ fn place(c: &Component, p: &Placed, topo: Option<&Topology>) -> (ComponentKind, 
         }
         Component::Host(h) => (ComponentKind::Host, h.clone()),
         Component::Tor(t) => (ComponentKind::Tor, t.clone()),
-        Component::Link(t, s, _) => (
+        Component::Link(t, s, _) | Component::Cable(t, s) => (
             ComponentKind::Link,
             topo.map_or_else(|| format!("{t}-{s}"), |tp| tp.link_name(*t, *s)),
         ),
@@ -42,10 +42,11 @@ fn place(c: &Component, p: &Placed, topo: Option<&Topology>) -> (ComponentKind, 
     }
 }
 
-fn direction(c: &Component) -> Option<LinkDir> {
+fn directions(c: &Component) -> Vec<LinkDir> {
     match c {
-        Component::Link(_, _, d) => Some(*d),
-        _ => None,
+        Component::Link(_, _, d) => vec![*d],
+        Component::Cable(..) => vec![LinkDir::Up, LinkDir::Down],
+        _ => Vec::new(),
     }
 }
 
@@ -87,7 +88,7 @@ fn one(
         score: gs.iter().map(|g| g.score).fold(0.0, f64::max),
         ..Default::default()
     };
-    let dirs: Vec<LinkDir> = gs.iter().filter_map(|g| direction(&g.component)).collect();
+    let dirs: Vec<LinkDir> = gs.iter().flat_map(|g| directions(&g.component)).collect();
     e.direction = match (dirs.contains(&LinkDir::Up), dirs.contains(&LinkDir::Down)) {
         (true, true) => "both",
         (true, false) => "up",
@@ -158,10 +159,10 @@ fn one(
         Test::Latency => {
             e.excess_ns = lead.excess_ns;
             e.detail = format!(
-                "+{:.1} us on {:.0}% of the probes crossing it ({:.0} nats; {} labels, {} paths this window)",
+                "+{:.1} us (median) on the probes crossing it, not explained by the fleet's baseline ({:.0} nats; {} slow probes on {} labels, {} paths this window)",
                 lead.excess_ns as f64 / 1000.0,
-                100.0 * lead.slow_share,
                 e.score,
+                lead.events as u64,
                 e.flow_labels.len(),
                 e.paths_total
             );

@@ -38,6 +38,7 @@ use super::{
 const AGENTS: &str = "/rpingmesh/agents/";
 const FINDINGS: &str = "/rpingmesh/findings/";
 const HOSTS: &str = "/rpingmesh/hosts/";
+const STATE: &str = "/rpingmesh/analyzer_state/";
 const SERVICE: &str = "/rpingmesh/service/";
 /// The election of the replica that runs analysis (see `crate::leader`).
 pub const ELECTION: &str = "/rpingmesh/election/analyzer";
@@ -831,6 +832,22 @@ impl Registry for EtcdRegistry {
 
     fn load_findings(&self) -> Result<Vec<Finding>, RegistryError> {
         self.load_messages(FINDINGS, "stored finding skipped")
+    }
+
+    fn save_state(&mut self, key: &str, value: &[u8]) -> Result<(), RegistryError> {
+        let (key, value) = (format!("{STATE}{key}"), value.to_vec());
+        self.call("save analyzer state", move |mut c| async move {
+            c.put(key, value, None).await.map_err(etcd_err)?;
+            Ok(())
+        })
+    }
+
+    fn load_state(&self, key: &str) -> Result<Option<Vec<u8>>, RegistryError> {
+        let key = format!("{STATE}{key}");
+        self.call("load analyzer state", move |mut c| async move {
+            let r = c.get(key, None).await.map_err(etcd_err)?;
+            Ok(r.kvs().first().map(|kv| kv.value().to_vec()))
+        })
     }
 
     fn save_host(&mut self, h: &HostHealth) -> Result<(), RegistryError> {

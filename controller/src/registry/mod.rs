@@ -97,6 +97,11 @@ pub trait Registry: Send {
     ) -> Option<tokio::sync::mpsc::UnboundedReceiver<ServiceFlowReport>> {
         None
     }
+    /// Stores a piece of the analyzer's learned state under `key` (the gray detector's
+    /// baseline), replacing what was there.
+    fn save_state(&mut self, key: &str, value: &[u8]) -> Result<(), RegistryError>;
+    /// What `save_state` stored under `key`, if anything.
+    fn load_state(&self, key: &str) -> Result<Option<Vec<u8>>, RegistryError>;
     /// Stores a host's newest Hostping report, replacing the one before.
     fn save_host(&mut self, h: &HostHealth) -> Result<(), RegistryError>;
     /// Every host's newest report, by hostname (unreadable rows logged and skipped).
@@ -247,6 +252,14 @@ impl IndexedRegistry {
     }
 
     /// Persists a host's newest Hostping report.
+    pub fn save_state(&self, key: &str, value: &[u8]) -> Result<(), RegistryError> {
+        self.store.lock().expect("store").save_state(key, value)
+    }
+
+    pub fn load_state(&self, key: &str) -> Result<Option<Vec<u8>>, RegistryError> {
+        self.store.lock().expect("store").load_state(key)
+    }
+
     pub fn save_host(&self, h: &HostHealth) -> Result<(), RegistryError> {
         self.store
             .lock()

@@ -49,6 +49,11 @@ CREATE TABLE IF NOT EXISTS host_health (
     findings INTEGER NOT NULL,
     body BLOB NOT NULL
 );
+-- The analyzer's learned state by name (the gray detector's baseline, JSON).
+CREATE TABLE IF NOT EXISTS analyzer_state (
+    key TEXT PRIMARY KEY,
+    value BLOB NOT NULL
+);
 ";
 
 const RNIC_COLUMNS: &str =
@@ -303,6 +308,24 @@ impl Registry for SqliteRegistry {
         Ok(out)
     }
 
+    fn save_state(&mut self, key: &str, value: &[u8]) -> Result<(), RegistryError> {
+        self.conn
+            .prepare_cached("INSERT OR REPLACE INTO analyzer_state (key, value) VALUES (?1, ?2)")?
+            .execute(params![key, value])?;
+        Ok(())
+    }
+
+    fn load_state(&self, key: &str) -> Result<Option<Vec<u8>>, RegistryError> {
+        let mut st = self
+            .conn
+            .prepare_cached("SELECT value FROM analyzer_state WHERE key = ?1")?;
+        let mut rows = st.query(params![key])?;
+        Ok(match rows.next()? {
+            Some(r) => Some(r.get::<_, Vec<u8>>(0)?),
+            None => None,
+        })
+    }
+
     fn save_host(&mut self, h: &HostHealth) -> Result<(), RegistryError> {
         self.conn
             .prepare_cached(
@@ -425,6 +448,20 @@ mod tests {
             )
             .unwrap();
         assert_eq!((open, resolved), (0, 6_000), "the columns follow the body");
+    }
+
+    #[test]
+    fn analyzer_state_round_trips_and_replaces() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.db");
+        {
+            let mut st = SqliteRegistry::open(&path).unwrap();
+            assert_eq!(st.load_state("baseline").unwrap(), None);
+            st.save_state("baseline", b"one").unwrap();
+            st.save_state("baseline", b"two").unwrap();
+        }
+        let st = SqliteRegistry::open(&path).unwrap();
+        assert_eq!(st.load_state("baseline").unwrap().as_deref(), Some(&b"two"[..]));
     }
 
     #[test]

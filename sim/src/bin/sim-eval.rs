@@ -336,7 +336,7 @@ fn gray_suite(a: &Args, opts: &SimOptions) {
     );
     let t1 = Instant::now();
     let hours = a.day_hours as usize;
-    let day: Vec<(usize, u64, u64)> = parallel(hours, a.jobs, |h| {
+    let day: Vec<(usize, u64, u64, f64)> = parallel(hours, a.jobs, |h| {
         let s = fault_free_hour(a.seed, h);
         let out = try_run(&s, opts).unwrap_or_else(|e| panic!("fault-free day hour {h}: {e}"));
         for f in &out.findings {
@@ -345,7 +345,12 @@ fn gray_suite(a: &Args, opts: &SimOptions) {
                 f.kind, f.location, f.symptom, f.opened_sec, f.evidence.detail
             );
         }
-        (out.findings.len(), out.probes.sent, out.probes.focus)
+        (
+            out.findings.len(),
+            out.probes.sent,
+            out.probes.focus,
+            out.max_suspect_score,
+        )
     });
     println!(
         "{}",
@@ -357,6 +362,8 @@ fn gray_suite(a: &Args, opts: &SimOptions) {
             "findings": day.iter().map(|d| d.0).sum::<usize>(),
             "probes": day.iter().map(|d| d.1).sum::<u64>(),
             "focus_probes": day.iter().map(|d| d.2).sum::<u64>(),
+            "max_score_nats": day.iter().map(|d| d.3).fold(0.0, f64::max),
+            "open_score_nats": opts.analyzer.localizer.gray.open_score,
             "wall_sec": t1.elapsed().as_secs_f64(),
         })
     );
