@@ -9,8 +9,26 @@ use std::time::{Duration, Instant};
 
 use rpingmesh_e2e::netns::BridgeNet;
 use rpingmesh_e2e::*;
+use rpingmesh_proto::operator::operator_service_client::OperatorServiceClient;
+use rpingmesh_proto::operator::{Finding, ListFindingsRequest};
+use tonic::transport::Channel;
+
+/// The controller's open component findings (none when it cannot be asked).
+async fn open_findings(op: &mut OperatorServiceClient<Channel>) -> Vec<Finding> {
+    op.list_findings(ListFindingsRequest {
+        resolved_limit: 1,
+        kind: String::new(),
+    })
+    .await
+    .map(|r| r.into_inner().findings)
+    .unwrap_or_default()
+    .into_iter()
+    .filter(|f| f.open)
+    .collect()
+}
 
 const WINDOW_SEC: u64 = 5;
+const SETTLE_SEC: u64 = 2;
 const MEASURE: Duration = Duration::from_secs(25);
 const CONTROLLER_PORT: u16 = 50051;
 
@@ -37,7 +55,14 @@ async fn netns_mesh_loss_and_rtt() {
         "controller",
         Some(&c_ns),
         &listen,
-        &["--inter-tor-sample-size", "1", "--metrics-enabled", "false"],
+        &[
+            "--inter-tor-sample-size",
+            "1",
+            "--metrics-enabled",
+            "false",
+            "--analyzer-localize-settle-sec",
+            &SETTLE_SEC.to_string(),
+        ],
     )
     .expect("controller");
 
@@ -54,6 +79,8 @@ async fn netns_mesh_loss_and_rtt() {
         let ns = net.add_host(id, host).expect("agent namespace");
         let ip = net.ip(host);
         let args = AgentArgs::new(id, tor, &listen, ip)
+            // One pseudo-host per agent: the localizer names RNICs `<host>/<device>`.
+            .flag("--hostname", id)
             .flag("--probe-interval-ms", 20)
             .flag("--tor-mesh-probe-rate-per-second", 50)
             .flag("--inter-tor-probe-rate-per-second", 50)
@@ -318,6 +345,91 @@ async fn netns_mesh_loss_and_rtt() {
         (rtt as f64) < 0.5 * user as f64,
         "network RTT p50 {rtt} ns is not a small fraction of the user-space RTT {user} ns"
     );
+
+    // 5. A gray failure: 1% of a2's probe packets dropped, both ways (a degraded RNIC,
+    //    far below any SLA). The 10% rule goes first and its findings resolve.
+    net.host(&a2.ns)
+        .unwrap()
+        .nft("delete table inet rpm_loss\n")
+        .expect("remove the 10% rule");
+    let a2_location = {
+        let r = list_rnics(&mut op).await.expect("list rnics");
+        let r = r
+            .into_iter()
+            .filter_map(|r| r.rnic)
+            .find(|r| r.gid == a2.gid)
+            .expect("a2 registered");
+        format!("{}/{}", r.host_name, r.device_name)
+    };
+    assert!(a2_location.starts_with("a2/"), "{a2_location}");
+    let quiet = wait_for(Duration::from_secs(60), Duration::from_secs(1), || {
+        let mut op = op.clone();
+        async move { open_findings(&mut op).await.is_empty().then_some(()) }
+    })
+    .await;
+    assert!(
+        quiet.is_some(),
+        "findings still open 60 s after the 10% rule went: {:?}",
+        open_findings(&mut op.clone()).await
+    );
+    let gray = format!(
+        "table inet rpm_gray {{\n  chain input {{\n    type filter hook input priority 0; policy accept;\n    \
+         udp dport {PROBE_PORT} numgen random mod 100 < 1 counter drop\n  }}\n  \
+         chain output {{\n    type filter hook output priority 0; policy accept;\n    \
+         udp sport {PROBE_PORT} numgen random mod 100 < 1 counter drop\n  }}\n}}\n"
+    );
+    net.host(&a2.ns).unwrap().nft(&gray).expect("1% rule in a2's namespace");
+    let gray_at = unix_ns_now();
+    // Within 3 windows (and the settle time, and a tick).
+    let within = Duration::from_secs(3 * WINDOW_SEC + SETTLE_SEC + 2);
+    let found = wait_for(within + Duration::from_secs(15), Duration::from_millis(500), || {
+        let mut op = op.clone();
+        let loc = a2_location.clone();
+        async move {
+            open_findings(&mut op)
+                .await
+                .into_iter()
+                .find(|f| f.kind == "rnic" && f.location == loc)
+        }
+    })
+    .await
+    .unwrap_or_else(|| panic!("no rnic finding at {a2_location} under 1% loss"));
+    let after = Duration::from_nanos(found.opened_unix_ns.saturating_sub(gray_at));
+    eprintln!(
+        "1% on a2: {} {} {} opened {after:?} after the rule: {}",
+        found.kind,
+        found.location,
+        found.severity,
+        found.evidence.as_ref().map_or("", |e| e.detail.as_str())
+    );
+    assert!(after <= within, "opened {after:?} after the rule, want <= {within:?}");
+    assert_eq!((found.severity.as_str(), found.symptom.as_str()), ("degraded", "loss"));
+    let e = found.evidence.clone().unwrap_or_default();
+    assert!(
+        (0.003..0.03).contains(&e.loss_ratio),
+        "estimated loss {} for 1% ({e:?})",
+        e.loss_ratio
+    );
+    let others: Vec<_> = open_findings(&mut op)
+        .await
+        .into_iter()
+        .filter(|f| f.id != found.id)
+        .map(|f| (f.kind, f.location, f.symptom))
+        .collect();
+    assert!(others.is_empty(), "only a2 is degraded, also open: {others:?}");
+    net.host(&a2.ns)
+        .unwrap()
+        .nft("delete table inet rpm_gray\n")
+        .expect("remove the 1% rule");
+    let resolved = wait_for(Duration::from_secs(40), Duration::from_millis(500), || {
+        let mut op = op.clone();
+        let id = found.id;
+        async move {
+            (!open_findings(&mut op).await.iter().any(|f| f.id == id)).then_some(())
+        }
+    })
+    .await;
+    assert!(resolved.is_some(), "a2's finding still open 40 s after the 1% rule went");
 
     // Nobody crashed along the way.
     for p in procs.iter_mut() {

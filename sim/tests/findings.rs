@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use rpingmesh_sim::{ground_truth, Scenario};
+use rpingmesh_sim::{ground_truth, FaultKind, Scenario};
 use serde_json::Value;
 
 const WINDOW_SEC: f64 = 30.0;
@@ -53,6 +53,11 @@ fn findings_of(name: &str) -> Vec<Value> {
 /// The one fault of a per-kind scenario gives exactly one finding, of its kind and at
 /// its location, opened after the fault started and resolved after it ended.
 fn check_kind(name: &str) {
+    check_kind_of(name);
+}
+
+/// `check_kind`, returning the finding.
+fn check_kind_of(name: &str) -> Value {
     let s = Scenario::from_yaml(&std::fs::read_to_string(scenario_path(name)).unwrap()).unwrap();
     assert_eq!(s.faults.len(), 1, "{name}: one fault");
     let fault = &s.faults[0];
@@ -98,6 +103,58 @@ fn check_kind(name: &str) {
     assert!(f["evidence"]["windows"].as_u64().unwrap() >= 1);
     assert!(f["evidence"]["id"].as_u64().is_some());
     assert!(f["evidence"]["symptom"].as_str().is_some());
+    f.clone()
+}
+
+/// A gray fault: found as `check_kind` wants, degraded, its size estimated within a
+/// factor of two of what was injected.
+fn check_gray(name: &str, symptom: &str) {
+    let f = check_kind_of(name);
+    assert_eq!(f["severity"], "degraded", "{name}: {f}");
+    assert_eq!(f["evidence"]["symptom"], symptom, "{name}: {f}");
+    let s = Scenario::from_yaml(&std::fs::read_to_string(scenario_path(name)).unwrap()).unwrap();
+    let e = &f["evidence"];
+    let (got, want) = match s.faults[0].kind {
+        FaultKind::LinkLoss { loss, .. } | FaultKind::RnicLoss { loss } => {
+            (e["loss_ratio"].as_f64().unwrap(), loss)
+        }
+        FaultKind::LinkLatency { add_us, .. } => (e["excess_ns"].as_f64().unwrap() / 1e3, add_us),
+        // The prober's delay takes two stall draws: its median about 1.7 x the mean.
+        FaultKind::HostStall { delay_us } => {
+            (e["excess_ns"].as_f64().unwrap() / 1e3, 1.7 * delay_us)
+        }
+        other => panic!("{name}: not a gray fault: {other:?}"),
+    };
+    assert!(
+        got > want / 2.0 && got < want * 2.0,
+        "{name}: estimated {got}, injected {want}: {f}"
+    );
+}
+
+#[test]
+fn a_gray_link_loss_is_found() {
+    check_gray("gray_link_loss.yaml", "loss");
+}
+
+#[test]
+fn a_gray_link_latency_is_found() {
+    check_gray("gray_link_latency.yaml", "latency");
+}
+
+#[test]
+fn a_gray_host_stall_is_found() {
+    check_gray("gray_host_stall.yaml", "stall");
+}
+
+#[test]
+fn a_gray_rnic_loss_is_found() {
+    check_gray("gray_rnic_loss.yaml", "loss");
+}
+
+#[test]
+fn a_fault_free_fabric_on_the_realistic_background_has_no_findings() {
+    let found = findings_of("gray_fault_free.yaml");
+    assert!(found.is_empty(), "{found:?}");
 }
 
 #[test]
@@ -192,6 +249,11 @@ fn every_shipped_scenario_parses() {
         "demo.yaml",
         "example.yaml",
         "fault_free.yaml",
+        "gray_fault_free.yaml",
+        "gray_host_stall.yaml",
+        "gray_link_latency.yaml",
+        "gray_link_loss.yaml",
+        "gray_rnic_loss.yaml",
         "host_stall.yaml",
         "link_down.yaml",
         "link_latency.yaml",

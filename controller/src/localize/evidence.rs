@@ -224,7 +224,9 @@ pub fn build(
                 .map(|routes| (ts, td, routes)),
             _ => None,
         };
-        let base_rtt = s.network_rtt_min_ns;
+        // A label is slow against its own path's median (and fastest probe): a path
+        // whose every probe is jittery (software timestamps) has no slow label.
+        let base_rtt = s.network_rtt_min_ns.max(s.network_rtt_p50_ns);
         match routes {
             Some((ts, td, (fwd, rev))) if !s.flow_labels.is_empty() => {
                 // Per label: its own links. The path's ends already have its exposure.

@@ -249,6 +249,19 @@ impl GrayDetector {
         out
     }
 
+    /// The share of slow probes the baseline expects: the learned one, or the fleet's in
+    /// the newest window when that is higher (a cold controller, or a fleet whose clocks
+    /// are all jittery, does not take a common condition for a fault).
+    fn slow_rate(&self) -> f64 {
+        let w = self.history.back().expect("a window");
+        let now = if w.label_answered > 0.0 {
+            w.label_slow / w.label_answered
+        } else {
+            0.0
+        };
+        self.baseline.slow_rate().max(now)
+    }
+
     /// Sums of (events, expected, exposure, answered) of (c, t) over the last `s`
     /// windows' unowned units.
     fn sums(&self, c: u32, t: Test, s: usize) -> (f64, f64, f64, f64) {
@@ -272,12 +285,7 @@ impl GrayDetector {
     fn score_of(&self, t: Test, k: f64, mu0: f64, e: f64, n: f64) -> (f64, f64) {
         match t {
             Test::Loss => poisson_glr(k, mu0, e, self.params.min_loss),
-            Test::Latency => binomial_glr(
-                k,
-                n,
-                self.baseline.slow_rate(),
-                self.params.min_slow_share,
-            ),
+            Test::Latency => binomial_glr(k, n, self.slow_rate(), self.params.min_slow_share),
             Test::Stall => (0.0, 0.0),
         }
     }
@@ -303,7 +311,7 @@ impl GrayDetector {
             .map(|(k, a)| (*k, a.score))
             .collect();
         keys.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        let q0 = self.baseline.slow_rate();
+        let q0 = self.slow_rate();
         for ((c, t), _) in keys {
             let (k, mu0, e, n) = self.sums(c, t, 1);
             let a = self.active.get(&(c, t)).expect("active");
