@@ -415,12 +415,10 @@ pub fn path_count(lists: &Pinglists) -> usize {
     PinglistKind::ALL
         .iter()
         .flat_map(|k| lists.list(*k))
-        .map(|t| {
-            match t.kind {
-                PinglistKind::Service => 1,
-                PinglistKind::Focus => t.flow_labels.len().max(1),
-                _ => t.flow_label_count.max(1) as usize,
-            }
+        .map(|t| match t.kind {
+            PinglistKind::Service => 1,
+            PinglistKind::Focus => t.flow_labels.len().max(1),
+            _ => t.flow_label_count.max(1) as usize,
         })
         .sum::<usize>()
         .saturating_mul(2)

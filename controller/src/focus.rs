@@ -191,7 +191,10 @@ impl FocusPlanner {
         };
         let any_labels = |salt: usize| -> Vec<u32> {
             (0..p.labels)
-                .map(|i| (hash(&[key.as_bytes(), &salt.to_le_bytes(), &i.to_le_bytes()]) & 0xF_FFFF) as u32)
+                .map(|i| {
+                    (hash(&[key.as_bytes(), &salt.to_le_bytes(), &i.to_le_bytes()]) & 0xF_FFFF)
+                        as u32
+                })
                 .collect()
         };
         match c {
@@ -215,7 +218,9 @@ impl FocusPlanner {
                     let (Some(a), Some(b)) = (pick(&here, j), pick(&there, j + 1000)) else {
                         continue;
                     };
-                    let Some(ft) = topo.tor_index(far) else { continue };
+                    let Some(ft) = topo.tor_index(far) else {
+                        continue;
+                    };
                     // Up: the probe leaves `tor` over the link; down: it arrives over it.
                     let (src, dst, ts, td) = match dirs[j % dirs.len()] {
                         LinkDir::Up => (&a, &b, *t, ft),
@@ -226,7 +231,9 @@ impl FocusPlanner {
                 }
             }
             Component::Rnic(gid) => {
-                let Some(me) = index.rnic(gid).cloned() else { return out };
+                let Some(me) = index.rnic(gid).cloned() else {
+                    return out;
+                };
                 let mut peers: Vec<&RnicRecord> = active(&me.tor_id);
                 for t in other_tors(&me.tor_id).iter().take(p.sources) {
                     peers.extend(active(t).into_iter().take(1));
@@ -330,7 +337,10 @@ mod tests {
             }
         }
         let spines: Vec<String> = (1..=4).map(|s| format!("spine{s}")).collect();
-        (idx, Topology::full_mesh(&tors, &spines, Some(EcmpModel::Fnv1a { seed: 3 })))
+        (
+            idx,
+            Topology::full_mesh(&tors, &spines, Some(EcmpModel::Fnv1a { seed: 3 })),
+        )
     }
 
     fn suspect(c: Component) -> Suspect {
@@ -400,11 +410,21 @@ mod tests {
         // An RNIC: probes from it and to it; a stall: nothing to probe.
         let gid = idx.tor_gids("tor1")[0].clone();
         let mut r = FocusPlanner::new(FocusParams::default());
-        r.update(&[suspect(Component::Rnic(gid.clone()))], &idx, Some(&topo), 1000);
+        r.update(
+            &[suspect(Component::Rnic(gid.clone()))],
+            &idx,
+            Some(&topo),
+            1000,
+        );
         let from = r.targets_for(&gid).len();
         let to: usize = idx
             .rnics()
-            .map(|x| r.targets_for(&x.gid).iter().filter(|t| t.target_gid == gid).count())
+            .map(|x| {
+                r.targets_for(&x.gid)
+                    .iter()
+                    .filter(|t| t.target_gid == gid)
+                    .count()
+            })
             .sum();
         assert!(from >= 1 && to >= 1, "{from} {to}");
         let mut h = FocusPlanner::new(FocusParams::default());

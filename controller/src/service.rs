@@ -97,7 +97,9 @@ fn restore_baseline(registry: &IndexedRegistry, a: &mut Analyzer) {
                 windows = a.localizer().baseline_windows(),
                 "learned baseline restored from the store"
             ),
-            Err(e) => tracing::warn!(error = %e, "the stored baseline cannot be read; learning anew"),
+            Err(e) => {
+                tracing::warn!(error = %e, "the stored baseline cannot be read; learning anew")
+            }
         },
         Ok(None) => {}
         Err(e) => tracing::warn!(error = %e, "cannot load the learned baseline; learning anew"),
@@ -458,7 +460,12 @@ impl ControllerState {
             return;
         }
         let mut f = self.focus.lock().unwrap_or_else(|e| e.into_inner());
-        if f.update(a.localizer().suspects(), idx, a.localizer().topology(), now_sec) {
+        if f.update(
+            a.localizer().suspects(),
+            idx,
+            a.localizer().topology(),
+            now_sec,
+        ) {
             tracing::info!(
                 generation = f.generation(),
                 targets = f.target_count(),
@@ -472,13 +479,20 @@ impl ControllerState {
     /// probing costs.
     pub fn focus_stats(&self) -> (u64, u64) {
         let probes = self.analyzer().map_or(0, |a| a.focus_probes_total());
-        let targets = self.focus.lock().unwrap_or_else(|e| e.into_inner()).target_count();
+        let targets = self
+            .focus
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .target_count();
         (targets as u64, probes)
     }
 
     /// The FOCUS lists' generation agents compare with theirs (acks carry it).
     pub fn focus_generation(&self) -> u64 {
-        self.focus.lock().unwrap_or_else(|e| e.into_inner()).generation()
+        self.focus
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .generation()
     }
 
     /// Writes the gray detector's learned baseline to the store after its first window,
@@ -489,14 +503,18 @@ impl ControllerState {
         let windows = a.localizer().baseline_windows();
         let saved = self.baseline_saved.load(Ordering::Relaxed);
         // The first window learned is stored at once, then every few.
-        if windows == 0 || (saved != u64::MAX && windows < saved.saturating_add(BASELINE_SAVE_WINDOWS)) {
+        if windows == 0
+            || (saved != u64::MAX && windows < saved.saturating_add(BASELINE_SAVE_WINDOWS))
+        {
             return;
         }
         let json = a.localizer().baseline_json();
         drop(a);
         match self.registry.save_state(BASELINE_KEY, &json) {
             Ok(()) => self.baseline_saved.store(windows, Ordering::Relaxed),
-            Err(e) => tracing::warn!(error = %e, "storing the learned baseline failed; retrying later"),
+            Err(e) => {
+                tracing::warn!(error = %e, "storing the learned baseline failed; retrying later")
+            }
         }
     }
 

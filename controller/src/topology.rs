@@ -51,7 +51,10 @@ fn fnv1a_pair(src_gid: &str, dst_gid: &str) -> u64 {
 fn fnv1a_finish(pair: u64, flow_label: u32, seed: u32, uplinks: usize) -> usize {
     let mut h = fnv1a_eat(
         pair,
-        flow_label.to_le_bytes().into_iter().chain(seed.to_le_bytes()),
+        flow_label
+            .to_le_bytes()
+            .into_iter()
+            .chain(seed.to_le_bytes()),
     );
     // Final avalanche so the low bits depend on every input byte.
     h ^= h >> 33;

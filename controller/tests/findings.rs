@@ -552,7 +552,10 @@ async fn a_dead_rnic_is_found_watched_resolved_and_survives_a_kill() {
     let m = c.scrape();
     assert_eq!(gauge(&m, "rnic"), Some(1.0), "restored open finding: {m}");
     let log = wait_log(&c, "learned baseline restored");
-    assert!(log.contains("learned baseline restored from the store"), "{log}");
+    assert!(
+        log.contains("learned baseline restored from the store"),
+        "{log}"
+    );
 
     // The restored finding goes on: a window without Y resolves it; Z's gets id 3.
     report(&mut ctl, window(&nics, windows.next(), &[z])).await;

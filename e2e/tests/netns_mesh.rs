@@ -378,20 +378,27 @@ async fn netns_mesh_loss_and_rtt() {
          chain output {{\n    type filter hook output priority 0; policy accept;\n    \
          udp sport {PROBE_PORT} numgen random mod 100 < 1 counter drop\n  }}\n}}\n"
     );
-    net.host(&a2.ns).unwrap().nft(&gray).expect("1% rule in a2's namespace");
+    net.host(&a2.ns)
+        .unwrap()
+        .nft(&gray)
+        .expect("1% rule in a2's namespace");
     let gray_at = unix_ns_now();
     // Within 3 windows (and the settle time, and a tick).
     let within = Duration::from_secs(3 * WINDOW_SEC + SETTLE_SEC + 2);
-    let found = wait_for(within + Duration::from_secs(15), Duration::from_millis(500), || {
-        let mut op = op.clone();
-        let loc = a2_location.clone();
-        async move {
-            open_findings(&mut op)
-                .await
-                .into_iter()
-                .find(|f| f.kind == "rnic" && f.location == loc)
-        }
-    })
+    let found = wait_for(
+        within + Duration::from_secs(15),
+        Duration::from_millis(500),
+        || {
+            let mut op = op.clone();
+            let loc = a2_location.clone();
+            async move {
+                open_findings(&mut op)
+                    .await
+                    .into_iter()
+                    .find(|f| f.kind == "rnic" && f.location == loc)
+            }
+        },
+    )
     .await
     .unwrap_or_else(|| panic!("no rnic finding at {a2_location} under 1% loss"));
     let after = Duration::from_nanos(found.opened_unix_ns.saturating_sub(gray_at));
@@ -402,8 +409,14 @@ async fn netns_mesh_loss_and_rtt() {
         found.severity,
         found.evidence.as_ref().map_or("", |e| e.detail.as_str())
     );
-    assert!(after <= within, "opened {after:?} after the rule, want <= {within:?}");
-    assert_eq!((found.severity.as_str(), found.symptom.as_str()), ("degraded", "loss"));
+    assert!(
+        after <= within,
+        "opened {after:?} after the rule, want <= {within:?}"
+    );
+    assert_eq!(
+        (found.severity.as_str(), found.symptom.as_str()),
+        ("degraded", "loss")
+    );
     let e = found.evidence.clone().unwrap_or_default();
     assert!(
         (0.003..0.03).contains(&e.loss_ratio),
@@ -416,7 +429,10 @@ async fn netns_mesh_loss_and_rtt() {
         .filter(|f| f.id != found.id)
         .map(|f| (f.kind, f.location, f.symptom))
         .collect();
-    assert!(others.is_empty(), "only a2 is degraded, also open: {others:?}");
+    assert!(
+        others.is_empty(),
+        "only a2 is degraded, also open: {others:?}"
+    );
     net.host(&a2.ns)
         .unwrap()
         .nft("delete table inet rpm_gray\n")
@@ -424,12 +440,13 @@ async fn netns_mesh_loss_and_rtt() {
     let resolved = wait_for(Duration::from_secs(40), Duration::from_millis(500), || {
         let mut op = op.clone();
         let id = found.id;
-        async move {
-            (!open_findings(&mut op).await.iter().any(|f| f.id == id)).then_some(())
-        }
+        async move { (!open_findings(&mut op).await.iter().any(|f| f.id == id)).then_some(()) }
     })
     .await;
-    assert!(resolved.is_some(), "a2's finding still open 40 s after the 1% rule went");
+    assert!(
+        resolved.is_some(),
+        "a2's finding still open 40 s after the 1% rule went"
+    );
 
     // Nobody crashed along the way.
     for p in procs.iter_mut() {

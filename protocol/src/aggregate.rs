@@ -95,9 +95,9 @@ impl WindowSummary {
             return true;
         }
         let slow = self.network_rtt_min_ns.saturating_add(SLOW_LABEL_EXCESS_NS);
-        self.labels
-            .iter()
-            .any(|l| l.probe_total > l.probe_failed + l.probe_invalid && l.network_rtt_p50_ns >= slow)
+        self.labels.iter().any(|l| {
+            l.probe_total > l.probe_failed + l.probe_invalid && l.network_rtt_p50_ns >= slow
+        })
     }
 }
 
@@ -454,7 +454,11 @@ mod tests {
         };
         assert_eq!(
             s.labels,
-            vec![l(3, 2, 1, 0, 5, 5), l(7, 3, 0, 0, 20, 30), l(9, 1, 0, 1, 0, 0)]
+            vec![
+                l(3, 2, 1, 0, 5, 5),
+                l(7, 3, 0, 0, 20, 30),
+                l(9, 1, 0, 1, 0, 0)
+            ]
         );
     }
 

@@ -19,7 +19,7 @@ use crate::scenario::ScenarioError;
 pub struct Background {
     /// Loss probability of one packet on one link traversal.
     pub loss_per_link: f64,
-    /// >= 1: each directed ToR-spine link's loss is `loss_per_link` times a factor drawn
+    /// At least 1: each directed ToR-spine link's loss is `loss_per_link` times a factor drawn
     /// log-uniformly in [1/spread, spread] (seeded): some links are dirtier than others.
     pub loss_spread: f64,
     /// Per link traversal: probability of a queueing delay.
@@ -64,8 +64,7 @@ impl Background {
         if !(self.loss_spread.is_finite() && self.loss_spread >= 1.0) {
             return bad("loss_spread", "a number >= 1", self.loss_spread);
         }
-        if !(self.queue_probability.is_finite() && (0.0..1.0).contains(&self.queue_probability))
-        {
+        if !(self.queue_probability.is_finite() && (0.0..1.0).contains(&self.queue_probability)) {
             return bad("queue_probability", "in [0, 1)", self.queue_probability);
         }
         if !(self.queue_mean_us.is_finite() && self.queue_mean_us >= 0.0) {
@@ -132,7 +131,10 @@ mod tests {
         let e = parse(&json!({"queue_probability": 0.01})).unwrap_err();
         assert!(e.to_string().contains("queue_mean_us"), "{e}");
         let e = parse(&json!({"jitter": 1})).unwrap_err();
-        assert!(e.to_string().starts_with("background: unknown field"), "{e}");
+        assert!(
+            e.to_string().starts_with("background: unknown field"),
+            "{e}"
+        );
         assert!(parse(&json!(3)).is_err());
     }
 }

@@ -201,12 +201,7 @@ pub struct FaultScore {
 
 /// Scores one run. `window_sec` converts detection times to windows; `lag` is how long
 /// after a window starts a finding from it can open (the window plus the settle time).
-pub fn score(
-    s: &Scenario,
-    findings: &[FindingRecord],
-    window_sec: f64,
-    lag: f64,
-) -> ScenarioScore {
+pub fn score(s: &Scenario, findings: &[FindingRecord], window_sec: f64, lag: f64) -> ScenarioScore {
     let end = s.duration_sec as f64;
     let mut out = ScenarioScore::default();
     for f in findings {
@@ -224,9 +219,7 @@ pub fn score(
         let t = ground_truth(g);
         let first = findings
             .iter()
-            .filter(|f| {
-                f.kind == t.kind && f.location == t.location && overlaps(f, end, lag, g)
-            })
+            .filter(|f| f.kind == t.kind && f.location == t.location && overlaps(f, end, lag, g))
             .map(|f| f.opened_sec)
             .min_by(|a, b| a.total_cmp(b));
         out.faults.push(FaultScore {
@@ -336,11 +329,12 @@ pub fn report_by_magnitude(
 }
 
 /// Sums scenario scores per fault kind (every kind of `kinds` present).
-pub fn report(scores: &[ScenarioScore], kinds: &[&'static str]) -> BTreeMap<&'static str, KindReport> {
-    let mut out: BTreeMap<&'static str, KindReport> = kinds
-        .iter()
-        .map(|k| (*k, KindReport::default()))
-        .collect();
+pub fn report(
+    scores: &[ScenarioScore],
+    kinds: &[&'static str],
+) -> BTreeMap<&'static str, KindReport> {
+    let mut out: BTreeMap<&'static str, KindReport> =
+        kinds.iter().map(|k| (*k, KindReport::default())).collect();
     for s in scores {
         for f in &s.faults {
             let r = out.entry(f.kind).or_default();
@@ -463,7 +457,12 @@ mod tests {
     #[test]
     fn an_open_finding_overlaps_until_the_end() {
         let s = scenario(vec![fault(FaultKind::TorDown, "tor9", 300.0, 900.0)]);
-        let sc = score(&s, &[finding("tor", "tor9", "down", 320.0, None)], 30.0, 35.0);
+        let sc = score(
+            &s,
+            &[finding("tor", "tor9", "down", 320.0, None)],
+            30.0,
+            35.0,
+        );
         assert_eq!(sc.findings, vec![("tor_down", true)]);
     }
 

@@ -157,7 +157,9 @@ pub fn gray_scenario(seed: u64, i: usize) -> Scenario {
         let s = if j == 0 {
             start
         } else {
-            (start + uniform(&mut rng, -30.0, 30.0)).round().max(WARMUP_SEC)
+            (start + uniform(&mut rng, -30.0, 30.0))
+                .round()
+                .max(WARMUP_SEC)
         };
         let len = uniform(&mut rng, lo, hi).round();
         let len = len.min(GRAY_DURATION_SEC as f64 - s);
@@ -218,8 +220,7 @@ mod tests {
             for g in &s.faults {
                 assert!(g.start_sec >= WARMUP_SEC);
                 short += (g.end_sec - g.start_sec < 150.0) as u32;
-                *per
-                    .entry((g.kind.name().to_string(), magnitude_label(&g.kind)))
+                *per.entry((g.kind.name().to_string(), magnitude_label(&g.kind)))
                     .or_default() += 1;
             }
         }

@@ -64,8 +64,8 @@
 pub mod background;
 pub mod eval;
 pub mod fabric;
-pub mod gray;
 pub mod faults;
+pub mod gray;
 pub mod live;
 pub mod output;
 pub mod rng;

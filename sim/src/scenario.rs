@@ -127,9 +127,7 @@ impl FaultKind {
     /// The finding kind the controller should report for this fault.
     pub fn finding_kind(&self) -> &'static str {
         match self {
-            FaultKind::RnicDown | FaultKind::RnicFlap { .. } | FaultKind::RnicLoss { .. } => {
-                "rnic"
-            }
+            FaultKind::RnicDown | FaultKind::RnicFlap { .. } | FaultKind::RnicLoss { .. } => "rnic",
             FaultKind::HostStall { .. } => "host",
             FaultKind::TorDown => "tor",
             FaultKind::LinkLoss { .. } | FaultKind::LinkDown | FaultKind::LinkLatency { .. } => {

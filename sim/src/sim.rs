@@ -831,8 +831,12 @@ impl Sim {
             if let Some(s) = l.suspects().first() {
                 self.max_suspect_score = self.max_suspect_score.max(s.score);
             }
-            self.focus
-                .update(l.suspects(), &self.w.index, l.topology(), self.w.registered_sec);
+            self.focus.update(
+                l.suspects(),
+                &self.w.index,
+                l.topology(),
+                self.w.registered_sec,
+            );
         }
         for e in events {
             self.note(e, v);

@@ -17,8 +17,10 @@
 //!
 //! - analyzer_localize: one 30 s window of a 100,000-RNIC fabric (8 RNICs per ToR, ToR
 //!   mesh + 5 inter-ToR targets each, 16 spines, a dead RNIC and a dead ToR-spine link
-//!   with per-label detail on the paths they touch): ingest of every summary plus the
-//!   localization of the window, on one thread, as a share of the window's length.
+//!   with per-label detail on the paths they touch, and a fifth of the other inter-ToR
+//!   paths with detail for a slow label or a lost ACK, as the background makes agents
+//!   send): ingest of every summary plus the localization of the window (rules and the
+//!   gray detector), on one thread, as a share of the window's length.
 //!
 //! `--quick` runs a smaller version (CI smoke); `--web-only` the web_json bench alone, `--localize-only` analyzer_localize alone. Run in release: `cargo xtask bench`.
 
@@ -689,8 +691,25 @@ fn localize_window(rnics: u64, start: u64) -> (Vec<PathSummary>, Places, Topolog
                 if s.probe_failed == 0 {
                     s.flow_labels.clear();
                 }
+            } else if st != dt && rng.below(5) == 0 {
+                // The background agents send detail for: a fifth of the inter-ToR windows
+                // have a label queued past the slow margin, or an ACK lost.
+                let slow = rng.below(60) as u32;
+                let invalid = rng.below(8) == 0;
+                for label in 0..60u32 {
+                    let p50 = if label == slow { 20_000 } else { 10_000 };
+                    s.flow_labels.push(FlowLabelStats {
+                        flow_label: label * 16_411 + 3,
+                        probe_total: 1,
+                        probe_failed: 0,
+                        network_rtt_p50_ns: p50,
+                        network_rtt_max_ns: p50,
+                        probe_invalid: (invalid && label == slow) as u32,
+                    });
+                }
+                s.invalid_rtt_count = invalid as u32;
             }
-            s.probe_success = s.probe_total - s.probe_failed;
+            s.probe_success = s.probe_total - s.probe_failed - s.invalid_rtt_count;
             out.push(s);
         }
     }

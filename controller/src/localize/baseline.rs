@@ -245,9 +245,15 @@ impl Baseline {
     pub fn from_json(bytes: &[u8]) -> Result<Baseline, String> {
         let b: Baseline = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
         let finite = |r: &Rate| r.events.is_finite() && r.trials.is_finite();
-        let ok = [b.local.failed, b.local.invalid, b.inter.failed, b.inter.invalid, b.slow]
-            .iter()
-            .all(finite);
+        let ok = [
+            b.local.failed,
+            b.local.invalid,
+            b.inter.failed,
+            b.inter.invalid,
+            b.slow,
+        ]
+        .iter()
+        .all(finite);
         if !ok {
             return Err("a learned rate is not a finite number".into());
         }

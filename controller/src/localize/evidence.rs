@@ -358,7 +358,11 @@ pub fn build(
                                 - l.probe_invalid as f64;
                             let slow = l.network_rtt_p50_ns
                                 >= base_rtt.saturating_add(SLOW_LABEL_EXCESS_NS);
-                            if slow { a.max(0.0) } else { 0.0 }
+                            if slow {
+                                a.max(0.0)
+                            } else {
+                                0.0
+                            }
                         })
                         .sum();
                     w.label_answered += s.probe_success as f64;

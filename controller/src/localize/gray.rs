@@ -45,7 +45,7 @@ impl Default for GrayParams {
     fn default() -> Self {
         GrayParams {
             history_windows: 4,
-            open_score: 20.0,
+            open_score: 16.0,
             suspect_score: 6.0,
             min_loss: 0.002,
             min_slow_share: 0.2,
@@ -160,6 +160,11 @@ impl GrayDetector {
             baseline: Baseline::default(),
             suspects: Vec::new(),
         }
+    }
+
+    /// The components named (and not let go) so far.
+    pub fn active(&self) -> impl Iterator<Item = &Component> {
+        self.active.keys().map(|(c, _)| &self.comps.list[*c as usize])
     }
 
     /// The suspects of the last window (strongest first).
@@ -451,12 +456,26 @@ impl GrayDetector {
         let mut ex = a.excess.clone();
         ex.sort_unstable();
         let excess_ns = ex.get(ex.len().saturating_sub(1) / 2).copied().unwrap_or(0);
-        let x = ((a.k - a.mu0) / a.exposure.max(1.0)).max(0.0);
+        // The size now when this window says enough (a fault that grew: an RNIC going
+        // down after losing a little), else over every window it was blamed in.
+        let i = c as usize;
+        let (mu_now, e_now) = (newest.mu0[i], newest.exposure[i]);
+        let loss = if t == Test::Loss && events >= 10.0 && e_now > 0.0 {
+            (
+                ((events - mu_now) / e_now).max(0.0),
+                poisson_stderr(events, e_now),
+            )
+        } else {
+            (
+                ((a.k - a.mu0) / a.exposure.max(1.0)).max(0.0),
+                poisson_stderr(a.k, a.exposure),
+            )
+        };
         GrayBlame {
             component: self.comps.list[c as usize].clone(),
             test: t,
             score: a.score,
-            loss: (x, poisson_stderr(a.k, a.exposure)),
+            loss,
             excess_ns,
             units,
             probes,

@@ -56,7 +56,10 @@ impl Fab {
         for (t, tor) in tors.iter().enumerate() {
             let row: Vec<String> = (0..RNICS).map(|i| gid(t, i)).collect();
             for (i, g) in row.iter().enumerate() {
-                inv.insert(g.clone(), (format!("h{}-{}", t + 1, i + 1), "r0".into(), tor.clone()));
+                inv.insert(
+                    g.clone(),
+                    (format!("h{}-{}", t + 1, i + 1), "r0".into(), tor.clone()),
+                );
             }
             gids.push(row);
         }
@@ -82,7 +85,15 @@ impl Fab {
     }
 
     /// One path's window summary as an agent would send it.
-    fn summary(&mut self, f: &Faults, st: usize, si: usize, dt: usize, di: usize, w: u64) -> PathSummary {
+    fn summary(
+        &mut self,
+        f: &Faults,
+        st: usize,
+        si: usize,
+        dt: usize,
+        di: usize,
+        w: u64,
+    ) -> PathSummary {
         let (sg, dg) = (self.gids[st][si].clone(), self.gids[dt][di].clone());
         let remote = st != dt;
         let mut s = PathSummary {
@@ -98,8 +109,8 @@ impl Fab {
         };
         let rnic = |g: &str| f.rnic_loss.get(g).copied().unwrap_or(0.0);
         let stall = |h: String| f.host_stall.get(&h).copied();
-        let timeouts = stall(self.host(&sg)).map_or(0.0, |x| x.1)
-            + stall(self.host(&dg)).map_or(0.0, |x| x.1);
+        let timeouts =
+            stall(self.host(&sg)).map_or(0.0, |x| x.1) + stall(self.host(&dg)).map_or(0.0, |x| x.1);
         let labels: Vec<u32> = if remote {
             (0..LABELS).map(|l| l * 7919 + 3).collect()
         } else {
@@ -109,7 +120,8 @@ impl Fab {
         let mut rtts = Vec::new();
         for &label in &labels {
             // Drop probability of the probe (failed) and of one of its ACKs (invalid).
-            let (mut p_fwd, mut p_rev, mut add) = (rnic(&sg) + rnic(&dg), 2.0 * (rnic(&sg) + rnic(&dg)), 0);
+            let (mut p_fwd, mut p_rev, mut add) =
+                (rnic(&sg) + rnic(&dg), 2.0 * (rnic(&sg) + rnic(&dg)), 0);
             if remote {
                 let (ts, td) = (st as u32, dt as u32);
                 let fwd = self.topo.route(ts, td, &sg, &dg, label).unwrap();
@@ -125,8 +137,12 @@ impl Fab {
             }
             // One carry per kind of event for the whole fabric: a window's totals are
             // exact, and events land only where a fault is.
-            let failed = self.events("f".into(), per as f64 * (p_fwd + timeouts)).min(per);
-            let invalid = self.events("i".into(), per as f64 * p_rev).min(per - failed);
+            let failed = self
+                .events("f".into(), per as f64 * (p_fwd + timeouts))
+                .min(per);
+            let invalid = self
+                .events("i".into(), per as f64 * p_rev)
+                .min(per - failed);
             let answered = per - failed - invalid;
             s.probe_total += per;
             s.probe_failed += failed;
@@ -147,9 +163,13 @@ impl Fab {
             }
         }
         rtts.sort_unstable();
-        s.network_rtt_p50_ns = rtts.get(rtts.len().saturating_sub(1) / 2).copied().unwrap_or(0);
+        s.network_rtt_p50_ns = rtts
+            .get(rtts.len().saturating_sub(1) / 2)
+            .copied()
+            .unwrap_or(0);
         s.network_rtt_p99_ns = rtts.last().copied().unwrap_or(0);
-        let delay = |g: &str| stall(self.host(g)).map_or(4_000 + (g.len() as u64 % 7) * 100, |x| x.0);
+        let delay =
+            |g: &str| stall(self.host(g)).map_or(4_000 + (g.len() as u64 % 7) * 100, |x| x.0);
         s.prober_delay_p50_ns = delay(&sg);
         s.prober_delay_p99_ns = delay(&sg) * 5 / 4;
         s.responder_delay_p50_ns = delay(&dg);
@@ -187,7 +207,11 @@ fn run(f: &Faults, clean: u64, faulty: u64) -> Vec<Finding> {
     let mut fab = Fab::new();
     let mut l = Localizer::new(LocalizerParams::default(), Some(fab.topo.clone()));
     for k in 0..clean + faulty {
-        let faults = if k < clean { Faults::default() } else { f.clone() };
+        let faults = if k < clean {
+            Faults::default()
+        } else {
+            f.clone()
+        };
         let w = fab.window(&faults, k * WINDOW_NS);
         l.localize(k * WINDOW_NS, &w, &fab.inv, (k + 1) * WINDOW_NS);
     }
@@ -205,12 +229,21 @@ fn a_one_percent_link_is_named_degraded_with_its_loss_and_direction() {
     f.link_loss.insert((2, 1, LinkDir::Up), 0.01);
     let found = run(&f, 3, 3);
     let x = one(&found);
-    assert_eq!((x.kind.as_str(), x.location.as_str()), ("link", "tor3-spine2"));
-    assert_eq!((x.symptom.as_str(), x.severity.as_str()), ("loss", "degraded"));
+    assert_eq!(
+        (x.kind.as_str(), x.location.as_str()),
+        ("link", "tor3-spine2")
+    );
+    assert_eq!(
+        (x.symptom.as_str(), x.severity.as_str()),
+        ("loss", "degraded")
+    );
     let e = x.evidence.as_ref().unwrap();
     assert_eq!(e.direction, "up");
     assert!((0.006..0.014).contains(&e.loss_ratio), "{e:?}");
-    assert!(e.loss_ratio_stderr > 0.0 && e.loss_ratio_stderr < e.loss_ratio, "{e:?}");
+    assert!(
+        e.loss_ratio_stderr > 0.0 && e.loss_ratio_stderr < e.loss_ratio,
+        "{e:?}"
+    );
     assert!(e.score >= GrayParams::default().open_score, "{e:?}");
     assert!(x.confidence > 0.99, "{x:?}");
     assert!(!e.flow_labels.is_empty() && !e.paths.is_empty());
@@ -246,8 +279,14 @@ fn ten_microseconds_on_a_link_is_named_with_its_excess() {
     f.link_add_ns.insert((0, 2, LinkDir::Down), 10_000);
     let found = run(&f, 3, 2);
     let x = one(&found);
-    assert_eq!((x.kind.as_str(), x.location.as_str()), ("link", "tor1-spine3"));
-    assert_eq!((x.symptom.as_str(), x.severity.as_str()), ("latency", "degraded"));
+    assert_eq!(
+        (x.kind.as_str(), x.location.as_str()),
+        ("link", "tor1-spine3")
+    );
+    assert_eq!(
+        (x.symptom.as_str(), x.severity.as_str()),
+        ("latency", "degraded")
+    );
     let e = x.evidence.as_ref().unwrap();
     assert_eq!(e.direction, "down");
     assert!((9_000..=11_000).contains(&e.excess_ns), "{e:?}");
@@ -260,7 +299,10 @@ fn a_half_millisecond_stall_is_the_host_and_its_timeouts_are_not_the_network() {
     let found = run(&f, 3, 3);
     let x = one(&found);
     assert_eq!((x.kind.as_str(), x.location.as_str()), ("host", "h3-2"));
-    assert_eq!((x.symptom.as_str(), x.severity.as_str()), ("stall", "degraded"));
+    assert_eq!(
+        (x.symptom.as_str(), x.severity.as_str()),
+        ("stall", "degraded")
+    );
     let e = x.evidence.as_ref().unwrap();
     assert!(e.excess_ns > 800_000, "{e:?}");
 }
@@ -294,7 +336,11 @@ fn a_resolved_fault_lets_its_finding_go() {
     let mut l = Localizer::new(LocalizerParams::default(), Some(fab.topo.clone()));
     let mut open_per_window = Vec::new();
     for k in 0..10u64 {
-        let faults = if (3..6).contains(&k) { f.clone() } else { Faults::default() };
+        let faults = if (3..6).contains(&k) {
+            f.clone()
+        } else {
+            Faults::default()
+        };
         let w = fab.window(&faults, k * WINDOW_NS);
         l.localize(k * WINDOW_NS, &w, &fab.inv, (k + 1) * WINDOW_NS);
         open_per_window.push(l.list(0, "").iter().filter(|x| x.open).count());

@@ -205,8 +205,16 @@ impl HostWindow {
             }
             let (hs, hd) = (p.host_of(r.src) as usize, p.host_of(r.dst) as usize);
             if !skip[hs] {
-                learn_one(&mut base.prober_p50, s.prober_delay_p50_ns, self.bars.prober_p50);
-                learn_one(&mut base.prober_p99, s.prober_delay_p99_ns, self.bars.prober_p99);
+                learn_one(
+                    &mut base.prober_p50,
+                    s.prober_delay_p50_ns,
+                    self.bars.prober_p50,
+                );
+                learn_one(
+                    &mut base.prober_p99,
+                    s.prober_delay_p99_ns,
+                    self.bars.prober_p99,
+                );
             }
             if !skip[hd] {
                 learn_one(

@@ -12,7 +12,7 @@
 //!    too (so an uplink problem, which spares ToR-local paths, is never an RNIC), and
 //!    evenly over the spines when the topology knows them.
 //! 4. link: per-label tomography. Every failing or slow (pair, label) votes for the links
-//!    its probe and its ACKs crossed; the link with the worst rate explains its votes
+//!    its probe and its ACKs crossed; the link with the most votes explains them
 //!    first (greedy), so links that only share a few bad labels with it are cleared.
 //!    Without an ECMP model, the ToR side (uplink/downlink) is named instead.
 //!
@@ -25,7 +25,7 @@ use rpingmesh_proto::controller_agent::PathSummary;
 use rpingmesh_proto::operator::{Finding, FindingEvent, FindingEvidence};
 
 use crate::registry::RegistryIndex;
-use crate::topology::Topology;
+use crate::topology::{LinkDir, Topology};
 
 /// Where an RNIC sits, by its GID.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -278,23 +278,39 @@ impl Localizer {
     /// One window's blames: stalled hosts first (their paths' timeouts are their own),
     /// then the rules (what breaks outright), then the gray detector on what the rules
     /// did not blame; one blame per component.
-    fn explain_window(
-        &mut self,
-        paths: &[&PathSummary],
-        inv: &dyn Inventory,
-    ) -> Vec<Blame> {
+    fn explain_window(&mut self, paths: &[&PathSummary], inv: &dyn Inventory) -> Vec<Blame> {
         let topo = self.topology.as_ref();
         let placed = Placed::new(paths, inv);
         let hw = hoststat::gather(&placed, &self.gray.baseline);
         let (host_blames, skip_host) = self.gray.hosts(&placed, &hw);
+        // What the gray detector has named is explained for the rules too: a stalled
+        // host's paths, a lossy RNIC's or ToR's, the tuples of a named link.
+        let (mut named_rnics, mut named_tors, mut known_links) =
+            (Vec::new(), Vec::new(), Vec::new());
+        for c in self.gray.active() {
+            match c {
+                Component::Rnic(g) => named_rnics.push(g.as_str()),
+                Component::Tor(t) => named_tors.push(t.as_str()),
+                Component::Link(t, s, d) => known_links.push((*t, *s, *d)),
+                Component::Cable(t, s) => {
+                    known_links.extend([(*t, *s, LinkDir::Up), (*t, *s, LinkDir::Down)])
+                }
+                _ => {}
+            }
+        }
         let mut skip = vec![false; paths.len()];
         for r in &placed.paths {
-            if skip_host[placed.host_of(r.src) as usize] || skip_host[placed.host_of(r.dst) as usize]
-            {
+            let ends = [r.src, r.dst];
+            let named = ends.iter().any(|&x| {
+                let rn = &placed.rnics[x as usize];
+                named_rnics.contains(&rn.gid)
+                    || named_tors.contains(&placed.tors.names[rn.tor as usize].as_str())
+            });
+            if named || ends.iter().any(|&x| skip_host[placed.host_of(x) as usize]) {
                 skip[r.index as usize] = true;
             }
         }
-        let rules = explain_window(&self.params, topo, paths, inv, &skip);
+        let rules = explain_window(&self.params, topo, paths, inv, &skip, &known_links);
         let gray = self.gray.network(
             &placed,
             topo,
@@ -315,7 +331,10 @@ impl Localizer {
             open_score,
         );
         let mut out = rules.blames;
-        gray.retain(|g| !out.iter().any(|b| b.kind == g.kind && b.location == g.location));
+        gray.retain(|g| {
+            !out.iter()
+                .any(|b| b.kind == g.kind && b.location == g.location)
+        });
         out.extend(gray);
         out
     }

@@ -50,6 +50,29 @@ fn directions(c: &Component) -> Vec<LinkDir> {
     }
 }
 
+/// Events per probe when each of a probe's three packets (the probe, two ACKs) is dropped
+/// with `p`: lost (the probe, or both ACKs) or incomplete (one ACK).
+fn events_per_probe(p: f64) -> f64 {
+    let lost = 1.0 - (1.0 - p) * (1.0 - p * p);
+    lost + 2.0 * p * (1.0 - p) * (1.0 - p)
+}
+
+/// The drop probability per packet behind a detector's linear estimate (events per probe
+/// / 3, exact for small losses; a component that drops everything reads 1/3 on it).
+fn per_packet(linear: f64) -> f64 {
+    let r = (3.0 * linear).clamp(0.0, 1.0);
+    let (mut lo, mut hi) = (0.0, 1.0);
+    for _ in 0..50 {
+        let mid = 0.5 * (lo + hi);
+        if events_per_probe(mid) < r {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    0.5 * (lo + hi)
+}
+
 /// Turns one window's gray blames into blames, merging a link's directions.
 pub fn blames(
     gray: Vec<GrayBlame>,
@@ -62,10 +85,7 @@ pub fn blames(
     for g in gray {
         let (kind, location) = place(&g.component, p, topo);
         // A link's loss and its latency are one finding (the loss decides the symptom).
-        by_place
-            .entry((kind, location, 0))
-            .or_default()
-            .push(g);
+        by_place.entry((kind, location, 0)).or_default().push(g);
     }
     by_place
         .into_iter()
@@ -134,13 +154,16 @@ fn one(
     e.flow_labels = labels.keys().copied().take(EVIDENCE_LABELS).collect();
     let symptom = match lead.test {
         Test::Loss => {
-            let (x, se) = gs
+            let (linear, se) = gs
                 .iter()
                 .filter(|g| g.test == Test::Loss)
                 .map(|g| g.loss)
                 .fold((0.0, 0.0), |a, b| if b.0 > a.0 { b } else { a });
+            let x = per_packet(linear);
             e.loss_ratio = x;
-            e.loss_ratio_stderr = se;
+            // The same standard error through the curve's slope there.
+            e.loss_ratio_stderr = se * (per_packet(linear + 1e-6) - x) / 1e-6;
+            let se = e.loss_ratio_stderr;
             e.detail = format!(
                 "loss {:.2}% +- {:.2} per packet crossing it, not explained by the fleet's baseline ({:.0} nats; {} events over {} probes this window, {} paths)",
                 100.0 * x,
@@ -188,5 +211,18 @@ fn one(
         symptom,
         confidence: confidence(e.score, open_score),
         evidence: e,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_losses_read_as_they_are_and_everything_lost_is_down() {
+        assert!((per_packet(0.01) - 0.01).abs() < 0.0005, "{}", per_packet(0.01));
+        assert!(per_packet(1.0 / 3.0) > 0.99);
+        assert!(per_packet(0.2) > 0.2 && per_packet(0.2) < 0.9);
+        assert!(per_packet(0.0) < 1e-12);
     }
 }

@@ -91,7 +91,11 @@ impl<'a> Placed<'a> {
                 format!("{}/{}", pl.host, pl.device),
             ),
             // Unknown to the registry: its own host, the ToR its peers reported.
-            None => (self.hosts.id(gid), self.tors.id(reported_tor), gid.to_string()),
+            None => (
+                self.hosts.id(gid),
+                self.tors.id(reported_tor),
+                gid.to_string(),
+            ),
         };
         let i = self.rnics.len() as u32;
         self.rnics.push(RnicPlace {

@@ -461,7 +461,10 @@ mod tests {
             st.save_state("baseline", b"two").unwrap();
         }
         let st = SqliteRegistry::open(&path).unwrap();
-        assert_eq!(st.load_state("baseline").unwrap().as_deref(), Some(&b"two"[..]));
+        assert_eq!(
+            st.load_state("baseline").unwrap().as_deref(),
+            Some(&b"two"[..])
+        );
     }
 
     #[test]

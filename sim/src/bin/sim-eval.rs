@@ -163,8 +163,7 @@ struct Run {
 fn run_scored(name: &str, i: usize, s: &Scenario, opts: &SimOptions) -> Run {
     let window = opts.window_sec as f64;
     let lag = window + opts.analyzer.localize_settle_ns as f64 / 1e9;
-    let out: SimOutcome =
-        try_run(s, opts).unwrap_or_else(|e| panic!("{name} scenario {i}: {e}"));
+    let out: SimOutcome = try_run(s, opts).unwrap_or_else(|e| panic!("{name} scenario {i}: {e}"));
     let sc = score(s, &out.findings, window, lag);
     for (f, (_, truth)) in out.findings.iter().zip(&sc.findings) {
         if !truth {
