@@ -47,6 +47,12 @@ struct Args {
     /// Run only that scenario and print its findings (for whoever tunes the analyzer).
     only: Option<usize>,
     only_gray: Option<usize>,
+    /// The localizer without its gray detector (the rules alone, as before it).
+    rules_only: bool,
+    /// No adaptive probing.
+    no_focus: bool,
+    /// Also run the first N gray scenarios without adaptive probing (its ablation).
+    focus_ablation: usize,
 }
 
 fn parse() -> Result<Args, String> {
@@ -61,6 +67,9 @@ fn parse() -> Result<Args, String> {
         jobs: std::thread::available_parallelism().map_or(1, |n| n.get()),
         only: None,
         only_gray: None,
+        rules_only: false,
+        no_focus: false,
+        focus_ablation: 48,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -79,11 +88,15 @@ fn parse() -> Result<Args, String> {
             "--jobs" => a.jobs = (value("--jobs")? as usize).max(1),
             "--only" => a.only = Some(value("--only")? as usize),
             "--only-gray" => a.only_gray = Some(value("--only-gray")? as usize),
+            "--rules-only" => a.rules_only = true,
+            "--no-focus" => a.no_focus = true,
+            "--focus-ablation" => a.focus_ablation = value("--focus-ablation")? as usize,
             "--quick" => {
                 a.scenarios = 16;
                 a.gray_scenarios = 16;
                 a.fault_free_hours = 1;
                 a.day_hours = 1;
+                a.focus_ablation = 0;
             }
             "--suite" => {
                 let v = it.next().ok_or("--suite needs a value")?;
@@ -333,6 +346,9 @@ fn gray_suite(a: &Args, opts: &SimOptions) {
             "seed": a.seed,
         })
     );
+    if a.focus_ablation > 0 {
+        focus_ablation(a, opts, &scores);
+    }
     let t1 = Instant::now();
     let hours = a.day_hours as usize;
     let day: Vec<(usize, u64, u64, f64)> = parallel(hours, a.jobs, |h| {
@@ -368,6 +384,44 @@ fn gray_suite(a: &Args, opts: &SimOptions) {
     );
 }
 
+/// The first `focus_ablation` gray scenarios again without adaptive probing: detection
+/// per kind at the smallest magnitude, with it (from the suite's run) and without.
+fn focus_ablation(a: &Args, opts: &SimOptions, with: &[ScenarioScore]) {
+    let n = a.focus_ablation.min(with.len());
+    let mut off = opts.clone();
+    off.focus.max_components = 0;
+    let runs: Vec<Run> = parallel(n, a.jobs, |i| {
+        run_scored("gray-no-focus", i, &gray_scenario(a.seed, i), &off)
+    });
+    let without: Vec<ScenarioScore> = runs.iter().map(|r| r.score.clone()).collect();
+    let on = report_by_magnitude(&with[..n], &GRAY_KINDS, SCORED_WINDOWS);
+    let no = report_by_magnitude(&without, &GRAY_KINDS, SCORED_WINDOWS);
+    for ((kind, m), r) in &on {
+        if m == "all" {
+            continue;
+        }
+        let Some(q) = no.get(&(kind, m.clone())) else { continue };
+        let (mean_on, p95_on, _) = r.detection();
+        let (mean_off, p95_off, _) = q.detection();
+        println!(
+            "{}",
+            json!({
+                "bench": "gray_focus_ablation",
+                "fault_kind": kind,
+                "magnitude": m,
+                "faults": r.faults,
+                "recall_with": r.recall(),
+                "recall_without": q.recall(),
+                "detection_windows_mean_with": mean_on,
+                "detection_windows_mean_without": mean_off,
+                "detection_windows_p95_with": p95_on,
+                "detection_windows_p95_without": p95_off,
+                "scenarios": n,
+            })
+        );
+    }
+}
+
 fn main() {
     let a = match parse() {
         Ok(a) => a,
@@ -376,7 +430,13 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let opts = SimOptions::default();
+    let mut opts = SimOptions::default();
+    if a.rules_only {
+        opts.analyzer.localizer.gray.open_score = f64::INFINITY;
+    }
+    if a.no_focus || a.rules_only {
+        opts.focus.max_components = 0;
+    }
     let only = match (a.only, a.only_gray) {
         (Some(i), _) => Some(suite_scenario(a.seed, i)),
         (_, Some(i)) => Some(gray_scenario(a.seed, i)),
