@@ -84,6 +84,7 @@ async fn findings_table_json_and_bad_kind() {
             "KIND",
             "LOCATION",
             "SYMPTOM",
+            "SEVERITY",
             "CONF",
             "OPENED",
             "LAST_SEEN",
@@ -94,17 +95,17 @@ async fn findings_table_json_and_bad_kind() {
     );
     assert_eq!(rows.len(), 3, "{out}");
     assert_eq!(
-        rows[1][..5],
-        ["2", "rnic", "host-a/mlx5_0", "down", "0.90"],
+        rows[1][..6],
+        ["2", "rnic", "host-a/mlx5_0", "down", "down", "0.90"],
         "{out}"
     );
-    assert_eq!(rows[1][7], "-", "open: no resolution time");
+    assert_eq!(rows[1][8], "-", "open: no resolution time");
     assert_eq!(
-        rows[1][8..].join(" "),
+        rows[1][9..].join(" "),
         "loss 100% to its peers, 100% from them"
     );
     assert_eq!(rows[2][..3], ["1", "link", "tor-a/uplink"], "{out}");
-    assert!(rows[2][7].ends_with('Z'), "resolved: {out}");
+    assert!(rows[2][8].ends_with('Z'), "resolved: {out}");
 
     let out = stdout(
         &ctl(args(
@@ -168,7 +169,7 @@ async fn findings_watch_prints_the_snapshot_then_the_changes() {
     assert_eq!(out.lines().count(), 1, "{out}");
     assert!(
         out.starts_with(
-            "snapshot id=2 kind=rnic location=host-a/mlx5_0 symptom=down confidence=0.90 opened="
+            "snapshot id=2 kind=rnic location=host-a/mlx5_0 symptom=down severity=down confidence=0.90 opened="
         ) && out.contains(" resolved=- ")
             && out
                 .trim_end()
