@@ -400,7 +400,9 @@ fn focus_ablation(a: &Args, opts: &SimOptions, with: &[ScenarioScore]) {
         if m == "all" {
             continue;
         }
-        let Some(q) = no.get(&(kind, m.clone())) else { continue };
+        let Some(q) = no.get(&(kind, m.clone())) else {
+            continue;
+        };
         let (mean_on, p95_on, _) = r.detection();
         let (mean_off, p95_off, _) = q.detection();
         println!(
