@@ -164,7 +164,9 @@ impl GrayDetector {
 
     /// The components named (and not let go) so far.
     pub fn active(&self) -> impl Iterator<Item = &Component> {
-        self.active.keys().map(|(c, _)| &self.comps.list[*c as usize])
+        self.active
+            .keys()
+            .map(|(c, _)| &self.comps.list[*c as usize])
     }
 
     /// The suspects of the last window (strongest first).

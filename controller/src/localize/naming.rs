@@ -220,7 +220,11 @@ mod tests {
 
     #[test]
     fn small_losses_read_as_they_are_and_everything_lost_is_down() {
-        assert!((per_packet(0.01) - 0.01).abs() < 0.0005, "{}", per_packet(0.01));
+        assert!(
+            (per_packet(0.01) - 0.01).abs() < 0.0005,
+            "{}",
+            per_packet(0.01)
+        );
         assert!(per_packet(1.0 / 3.0) > 0.99);
         assert!(per_packet(0.2) > 0.2 && per_packet(0.2) < 0.9);
         assert!(per_packet(0.0) < 1e-12);

@@ -119,7 +119,9 @@ impl Window<'_> {
         // Links the gray detector has already named explain their tuples: a link another
         // lossy link's probes also crossed must not pass the bar on those.
         for link in self.known_links {
-            let Some(acc) = links.remove(link) else { continue };
+            let Some(acc) = links.remove(link) else {
+                continue;
+            };
             for &ti in &acc.tuples {
                 let t = &mut tuples[ti as usize];
                 if !t.removed {

@@ -146,7 +146,15 @@ pub fn explain<'a>(
     inv: &dyn Inventory,
 ) -> Vec<Blame> {
     let paths: Vec<&PathSummary> = paths.into_iter().collect();
-    explain_window(params, topology, &paths, inv, &vec![false; paths.len()], &[]).blames
+    explain_window(
+        params,
+        topology,
+        &paths,
+        inv,
+        &vec![false; paths.len()],
+        &[],
+    )
+    .blames
 }
 
 /// What the rules made of a window.
