@@ -1811,6 +1811,8 @@ async fn rdma_faults(dir: &Path) -> Result<Value> {
     phases.insert("port_down", unix_ns_now());
     sh(&["ip", "link", "set", FAULT_NETDEVS[2], "down"])?;
     let down_state = wait_link_state(FAULT_DEVICES[2], "DOWN", Duration::from_secs(10)).await;
+    // When the guest saw it DOWN (rxe may take a moment on a loaded machine).
+    phases.insert("port_down_seen", unix_ns_now());
     tokio::time::sleep(Duration::from_secs(FAULT_DOWN_SECS)).await;
     phases.insert("port_up", unix_ns_now());
     sh(&["ip", "link", "set", FAULT_NETDEVS[2], "up"])?;
