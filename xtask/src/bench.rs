@@ -30,6 +30,20 @@ pub struct BenchArgs {
     /// BENCHMARKS.md, leaving the rest as measured.
     #[arg(long)]
     section: Option<String>,
+    /// With --section: more arguments for the bench binary (e.g. smaller sizes:
+    /// `--bench-args "--gray-scenarios 96 --day-hours 2"`), named in the section's footer.
+    #[arg(long, allow_hyphen_values = true)]
+    bench_args: Option<String>,
+}
+
+/// A section's binary and the arguments that select its part (sim-eval's two suites
+/// are two sections).
+fn section_command(section: &str) -> (&str, &'static [&'static str]) {
+    match section {
+        "sim-eval" => ("sim-eval", &["--suite", "black"]),
+        "sim-eval-gray" => ("sim-eval", &["--suite", "gray"]),
+        other => (other, &[]),
+    }
 }
 
 const TARGETS: usize = 64;
@@ -68,7 +82,7 @@ fn release_build() -> Result<()> {
 
 /// `--section BIN`: runs one JSON bench and splices its section and summary rows into
 /// BENCHMARKS.md (the rows of the summary it produces replace the rows it produced).
-fn run_section(bin: &str, quick: bool) -> Result<()> {
+fn run_section(bin: &str, quick: bool, extra: Option<&str>) -> Result<()> {
     let path = crate::root().join("BENCHMARKS.md");
     let md =
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
@@ -84,11 +98,20 @@ fn run_section(bin: &str, quick: bool) -> Result<()> {
         .find("\n## ")
         .map_or(md.len(), |i| start + heading.len() + i + 1);
     release_build()?;
-    let args: &[&str] = if quick { &["--quick"] } else { &[] };
+    let (exe, base) = section_command(bin);
+    let mut args: Vec<&str> = base.to_vec();
+    if quick {
+        args.push("--quick");
+    }
+    args.extend(extra.unwrap_or("").split_whitespace());
     let lines = if bin == "vm-rdma" {
         crate::vm::bench_lines()?
     } else {
-        json_bench(bin, args, 1)?
+        json_bench(exe, &args, 1)?
+    };
+    let how = match extra {
+        Some(e) if !e.trim().is_empty() => format!(" --bench-args \"{}\"", e.trim()),
+        _ => String::new(),
     };
     // The section: its description as the code has it now (else the old one), new tables.
     let old = &md[start..end];
@@ -104,7 +127,7 @@ fn run_section(bin: &str, quick: bool) -> Result<()> {
         what => format!("{heading}\n{what}.\n\n"),
     };
     let section = format!(
-        "{intro}{}\n_Re-measured alone with `cargo xtask bench --section {bin}` on {}._\n\n",
+        "{intro}{}\n_Re-measured alone with `cargo xtask bench --section {bin}{how}` on {}._\n\n",
         grouped_tables(&lines),
         today()
     );
@@ -155,7 +178,7 @@ fn run_section(bin: &str, quick: bool) -> Result<()> {
 
 pub fn run(a: BenchArgs) -> Result<()> {
     if let Some(bin) = &a.section {
-        return run_section(bin, a.quick);
+        return run_section(bin, a.quick, a.bench_args.as_deref());
     }
     let runs = if a.quick { 1 } else { 3 };
     let mut failures = Vec::new();
@@ -177,6 +200,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         "tracer-bench",
         "verbs-bench",
         "sim-eval",
+        "sim-eval-gray",
         "hostping-bench",
         "rc-ring-bench",
     ] {
@@ -187,14 +211,17 @@ pub fn run(a: BenchArgs) -> Result<()> {
             ("agent-bench", true) => &["--runs", "1", "--seconds-per-run", "2"],
             ("tracer-bench", true) => &["--runs", "1", "--seconds-per-run", "1"],
             ("verbs-bench", true) => &["--runs", "1"],
-            ("sim-eval", true) => &["--quick"],
+            ("sim-eval", true) => &["--suite", "black", "--quick"],
+            ("sim-eval", false) => &["--suite", "black"],
+            ("sim-eval-gray", true) => &["--suite", "gray", "--quick"],
+            ("sim-eval-gray", false) => &["--suite", "gray"],
             ("hostping-bench", true) => &["--quick"],
             ("rc-ring-bench", true) => {
                 &["--runs", "1", "--samples", "20000", "--messages", "100000"]
             }
             _ => &[],
         };
-        let res = json_bench(bin, args, 1);
+        let res = json_bench(section_command(bin).0, args, 1);
         if let Err(e) = &res {
             eprintln!("xtask bench: {bin} failed: {e:#}");
             failures.push(format!("{bin}: {e:#}"));
@@ -283,7 +310,8 @@ fn section_intro(bin: &str) -> &'static str {
                 A finding is true when its kind and location match a fault whose time overlaps it; a false finding counts against the fault kind its symptom names. \
                 Detection time is from the fault's start to the finding's opening, in windows (a finding opens when the first blaming window has settled, 5 s after it ends). \
                 localization_fault_free: one-hour fault-free runs of the four fabrics (plus the suite's fault-free scenarios), every finding counted. \
-                The suite's own cost is in localization_suite. \
+                The suite's own cost is in localization_suite",
+"sim-eval-gray" => "Gray failures on the simulated fabric (`sim-eval --suite gray`). \
                 The gray suite (`sim/src/gray.rs`, default 192 scenarios of 600 s, faults from 150 s on: the controller starts cold and learns its baseline) runs on four 1,024-RNIC fabrics (64 x 8 x 4 x 4; 64 x 8 x 16 x 8 rail-optimized; 128 x 4 x 2 x 4; 128 x 8 x 8 x 8 rail-optimized) \
                 over a realistic background (loss 1e-5 per link traversal, spread 3x between links, queueing of mean 3 us on 0.2% of traversals, 0.3 us link jitter on 2 us), \
                 faults cycling through link loss 0.5/1/2% (one direction or both), link latency +10/20/50 us, host stalls of mean 0.5/1/2 ms and RNIC loss 0.5/1/2%; of every 8 scenarios one is fault-free, three have one fault of 5-10 windows, two a short one of 2-5 windows, two three faults of different kinds at once. \
