@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader};
 use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -34,6 +35,10 @@ pub struct BenchArgs {
     /// `--bench-args "--gray-scenarios 96 --day-hours 2"`), named in the section's footer.
     #[arg(long, allow_hyphen_values = true)]
     bench_args: Option<String>,
+    /// With --section: splice the JSON lines a run of the bench already printed (a file)
+    /// instead of running it; --bench-args then names the arguments that run had.
+    #[arg(long)]
+    lines_from: Option<PathBuf>,
 }
 
 /// A section's binary and the arguments that select its part (sim-eval's two suites
@@ -82,7 +87,12 @@ fn release_build() -> Result<()> {
 
 /// `--section BIN`: runs one JSON bench and splices its section and summary rows into
 /// BENCHMARKS.md (the rows of the summary it produces replace the rows it produced).
-fn run_section(bin: &str, quick: bool, extra: Option<&str>) -> Result<()> {
+fn run_section(
+    bin: &str,
+    quick: bool,
+    extra: Option<&str>,
+    lines_from: Option<&Path>,
+) -> Result<()> {
     let path = crate::root().join("BENCHMARKS.md");
     let md =
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
@@ -97,17 +107,22 @@ fn run_section(bin: &str, quick: bool, extra: Option<&str>) -> Result<()> {
     let end = md[start + heading.len()..]
         .find("\n## ")
         .map_or(md.len(), |i| start + heading.len() + i + 1);
-    release_build()?;
     let (exe, base) = section_command(bin);
     let mut args: Vec<&str> = base.to_vec();
     if quick {
         args.push("--quick");
     }
     args.extend(extra.unwrap_or("").split_whitespace());
-    let lines = if bin == "vm-rdma" {
-        crate::vm::bench_lines()?
-    } else {
-        json_bench(exe, &args, 1)?
+    let lines = match lines_from {
+        Some(f) => recorded_lines(f)?,
+        None if bin == "vm-rdma" => {
+            release_build()?;
+            crate::vm::bench_lines()?
+        }
+        None => {
+            release_build()?;
+            json_bench(exe, &args, 1)?
+        }
     };
     let how = match extra {
         Some(e) if !e.trim().is_empty() => format!(" --bench-args \"{}\"", e.trim()),
@@ -126,8 +141,15 @@ fn run_section(bin: &str, quick: bool, extra: Option<&str>) -> Result<()> {
         }
         what => format!("{heading}\n{what}.\n\n"),
     };
+    let footer = match lines_from {
+        Some(_) => format!(
+            "Measured by `{exe} {}` and spliced in with `--lines-from`",
+            args.join(" ")
+        ),
+        None => format!("Re-measured alone with `cargo xtask bench --section {bin}{how}`"),
+    };
     let section = format!(
-        "{intro}{}\n_Re-measured alone with `cargo xtask bench --section {bin}{how}` on {}._\n\n",
+        "{intro}{}\n_{footer} on {}._\n\n",
         grouped_tables(&lines),
         today()
     );
@@ -178,7 +200,12 @@ fn run_section(bin: &str, quick: bool, extra: Option<&str>) -> Result<()> {
 
 pub fn run(a: BenchArgs) -> Result<()> {
     if let Some(bin) = &a.section {
-        return run_section(bin, a.quick, a.bench_args.as_deref());
+        return run_section(
+            bin,
+            a.quick,
+            a.bench_args.as_deref(),
+            a.lines_from.as_deref(),
+        );
     }
     let runs = if a.quick { 1 } else { 3 };
     let mut failures = Vec::new();
@@ -344,6 +371,23 @@ fn section_intro(bin: &str) -> &'static str {
 type Line = Map<String, Value>;
 
 /// Runs a bench binary `runs` times; returns per-line medians over the runs.
+/// The JSON object lines of a recorded bench run (other lines skipped).
+fn recorded_lines(path: &Path) -> Result<Vec<Line>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let lines: Vec<Line> = text
+        .lines()
+        .filter_map(|l| match serde_json::from_str::<Value>(l) {
+            Ok(Value::Object(m)) => Some(m),
+            _ => None,
+        })
+        .collect();
+    if lines.is_empty() {
+        bail!("{}: no JSON lines", path.display());
+    }
+    Ok(lines)
+}
+
 fn json_bench(bin: &str, args: &[&str], runs: usize) -> Result<Vec<Line>> {
     let exe = procs::release_bin(bin)?;
     let mut all_runs = Vec::new();
