@@ -12,12 +12,16 @@
 //! - gray_localization: per kind and magnitude, for faults of 3 windows and more.
 //! - gray_short_faults: recall on faults shorter than 3 windows.
 //! - gray_suite: the suite's size and cost, and the extra probes adaptive probing sent.
+//! - gray_focus_ablation / gray_before_after: the first scenarios again without adaptive
+//!   probing / with the rules alone (phase 1's thresholds, as before the gray detector).
 //! - fault_free_day: findings over 24 fault-free hours of a 2,048-RNIC fabric.
 //!
 //! `--suite black|gray|all` (default all), `--scenarios N` (black, default 304),
 //! `--gray-scenarios N` (default 192), `--fault-free-hours H` (black, default 24),
 //! `--day-hours H` (default 24), `--seed S`, `--jobs J` (default: available cores),
-//! `--quick` (a smoke: 16 + 16 scenarios, 1 + 1 hours), `--only N` / `--only-gray N`
+//! `--focus-ablation N` / `--rules-ablation N` (default 48 each, 0 = none), `--rules-only`,
+//! `--no-focus`, `--quick` (a smoke: 16 + 16 scenarios, 1 + 1 hours, no ablations),
+//! `--only N` / `--only-gray N`
 //! (that scenario alone, its findings printed).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -53,6 +57,8 @@ struct Args {
     no_focus: bool,
     /// Also run the first N gray scenarios without adaptive probing (its ablation).
     focus_ablation: usize,
+    /// Also run the first N gray scenarios with the rules alone (the before/after table).
+    rules_ablation: usize,
 }
 
 fn parse() -> Result<Args, String> {
@@ -70,6 +76,7 @@ fn parse() -> Result<Args, String> {
         rules_only: false,
         no_focus: false,
         focus_ablation: 48,
+        rules_ablation: 48,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -91,12 +98,14 @@ fn parse() -> Result<Args, String> {
             "--rules-only" => a.rules_only = true,
             "--no-focus" => a.no_focus = true,
             "--focus-ablation" => a.focus_ablation = value("--focus-ablation")? as usize,
+            "--rules-ablation" => a.rules_ablation = value("--rules-ablation")? as usize,
             "--quick" => {
                 a.scenarios = 16;
                 a.gray_scenarios = 16;
                 a.fault_free_hours = 1;
                 a.day_hours = 1;
                 a.focus_ablation = 0;
+                a.rules_ablation = 0;
             }
             "--suite" => {
                 let v = it.next().ok_or("--suite needs a value")?;
@@ -349,6 +358,9 @@ fn gray_suite(a: &Args, opts: &SimOptions) {
     if a.focus_ablation > 0 {
         focus_ablation(a, opts, &scores);
     }
+    if a.rules_ablation > 0 {
+        rules_ablation(a, opts, &scores);
+    }
     let t1 = Instant::now();
     let hours = a.day_hours as usize;
     let day: Vec<(usize, u64, u64, f64)> = parallel(hours, a.jobs, |h| {
@@ -382,6 +394,48 @@ fn gray_suite(a: &Args, opts: &SimOptions) {
             "wall_sec": t1.elapsed().as_secs_f64(),
         })
     );
+}
+
+/// The analyzer as it was before the gray detector: phase 1's thresholds alone.
+fn rules_only(opts: &SimOptions) -> SimOptions {
+    let mut o = opts.clone();
+    o.analyzer.localizer.gray.open_score = f64::INFINITY;
+    o.focus.max_components = 0;
+    o
+}
+
+/// The first `rules_ablation` gray scenarios again with the rules alone (the "before"):
+/// per kind and magnitude, recall (and per kind precision) with and without the detector.
+fn rules_ablation(a: &Args, opts: &SimOptions, with: &[ScenarioScore]) {
+    let n = a.rules_ablation.min(with.len());
+    let before = rules_only(opts);
+    let runs: Vec<Run> = parallel(n, a.jobs, |i| {
+        run_scored("gray-rules-only", i, &gray_scenario(a.seed, i), &before)
+    });
+    let without: Vec<ScenarioScore> = runs.iter().map(|r| r.score.clone()).collect();
+    let on = report_by_magnitude(&with[..n], &GRAY_KINDS, SCORED_WINDOWS);
+    let off = report_by_magnitude(&without, &GRAY_KINDS, SCORED_WINDOWS);
+    for ((kind, m), r) in &on {
+        let Some(q) = off.get(&(kind, m.clone())) else {
+            continue;
+        };
+        let mut row = json!({
+            "bench": "gray_before_after",
+            "fault_kind": kind,
+            "magnitude": m,
+            "faults": r.faults,
+            "recall_rules_only": q.recall(),
+            "recall_with_detector": r.recall(),
+            "detection_windows_p95_rules_only": q.detection().1,
+            "detection_windows_p95_with_detector": r.detection().1,
+            "scenarios": n,
+        });
+        if m == "all" {
+            row["precision_rules_only"] = json!(q.precision());
+            row["precision_with_detector"] = json!(r.precision());
+        }
+        println!("{row}");
+    }
 }
 
 /// The first `focus_ablation` gray scenarios again without adaptive probing: detection
@@ -434,9 +488,9 @@ fn main() {
     };
     let mut opts = SimOptions::default();
     if a.rules_only {
-        opts.analyzer.localizer.gray.open_score = f64::INFINITY;
+        opts = rules_only(&opts);
     }
-    if a.no_focus || a.rules_only {
+    if a.no_focus {
         opts.focus.max_components = 0;
     }
     let only = match (a.only, a.only_gray) {
