@@ -13,7 +13,7 @@
 //! Exposure is in packets a fault would drop (a loss of x per packet crossing makes
 //! `x * exposure` more events), so every kind of component is tested on one scale.
 
-use std::collections::HashMap;
+use foldhash::{HashMap, HashMapExt};
 
 use rpingmesh_proto::controller_agent::PathSummary;
 use rpingmesh_protocol::aggregate::SLOW_LABEL_EXCESS_NS;
@@ -188,7 +188,9 @@ pub fn build(
         .iter()
         .map(|t| ecmp.and_then(|e| e.tor_index(t)))
         .collect();
+    // Per window, so the hot loop hashes two small integers, not a `Component`.
     let mut link_ids: HashMap<DirLink, u32> = HashMap::new();
+    let mut cable_ids: HashMap<(u32, u32), u32> = HashMap::new();
     let mut w = WindowEvidence::new(comps.len());
     for r in &p.paths {
         let s = r.s;
@@ -249,7 +251,11 @@ pub fn build(
                             .entry(k)
                             .or_insert_with(|| comps.id(Component::Link(k.0, k.1, k.2)))
                     });
-                    let cables = links.map(|k| comps.id(Component::Cable(k.0, k.1)));
+                    let cables = links.map(|k| {
+                        *cable_ids
+                            .entry((k.0, k.1))
+                            .or_insert_with(|| comps.id(Component::Cable(k.0, k.1)))
+                    });
                     w.grow(comps.len());
                     for (i, c) in ids.into_iter().zip(cables).enumerate() {
                         let (rate, per) = if i < 2 { (bf, 1.0) } else { (bi, 2.0) };
@@ -315,7 +321,9 @@ pub fn build(
                         let c = *link_ids
                             .entry(link)
                             .or_insert_with(|| comps.id(Component::Link(link.0, link.1, link.2)));
-                        let cable = comps.id(Component::Cable(link.0, link.1));
+                        let cable = *cable_ids
+                            .entry((link.0, link.1))
+                            .or_insert_with(|| comps.id(Component::Cable(link.0, link.1)));
                         w.grow(comps.len());
                         for x in [c, cable] {
                             w.expose(x, n / k * rate, n / k * per);
