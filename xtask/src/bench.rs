@@ -952,6 +952,38 @@ fn render_markdown(
 /// One target check: (what, measured, target, ratio measured/target, met).
 type Check = (String, String, String, f64, bool);
 
+/// Precision and recall (>= 0.98) of one accuracy line, and its detection p95 against
+/// `p95_windows` when given.
+fn accuracy_checks(
+    out: &mut Vec<Check>,
+    what: &str,
+    kind: &str,
+    l: &Line,
+    p95_windows: Option<f64>,
+) {
+    let num = |k: &str| l.get(k).and_then(|v| v.as_f64());
+    for k in ["precision", "recall"] {
+        if let Some(v) = num(k) {
+            out.push((
+                format!("{what} {k}, {kind}"),
+                format!("{v:.3}"),
+                ">= 0.98".into(),
+                v / 0.98,
+                v >= 0.98,
+            ));
+        }
+    }
+    if let (Some(d), Some(max)) = (num("detection_windows_p95"), p95_windows) {
+        out.push((
+            format!("{what} detection p95, {kind}"),
+            format!("{d:.2} windows"),
+            format!("<= {max:.0} windows"),
+            d / max,
+            d <= max,
+        ));
+    }
+}
+
 /// Checks of the targets against the known fields of the bench lines.
 pub fn target_checks(lines: &[Line]) -> Vec<Check> {
     let num = |l: &Line, k: &str| l.get(k).and_then(|v| v.as_f64());
@@ -993,41 +1025,17 @@ pub fn target_checks(lines: &[Line]) -> Vec<Check> {
                 }
             }
             "localization" => {
-                let kind = text(l, "fault_kind");
-                for (k, what) in [("precision", "precision"), ("recall", "recall")] {
-                    if let Some(v) = num(l, k) {
-                        out.push((
-                            format!("localization {what}, {kind}"),
-                            format!("{v:.3}"),
-                            ">= 0.98".into(),
-                            v / 0.98,
-                            v >= 0.98,
-                        ));
-                    }
-                }
-                if let Some(d) = num(l, "detection_windows_p95") {
-                    out.push((
-                        format!("localization detection p95, {kind}"),
-                        format!("{d:.2} windows"),
-                        "<= 2 windows".into(),
-                        d / 2.0,
-                        d <= 2.0,
-                    ));
-                }
+                accuracy_checks(
+                    &mut out,
+                    "localization",
+                    &text(l, "fault_kind"),
+                    l,
+                    Some(2.0),
+                );
             }
             "hostping_inference" => {
                 let kind = text(l, "fault_kind");
-                for k in ["precision", "recall"] {
-                    if let Some(v) = num(l, k) {
-                        out.push((
-                            format!("hostping link inference {k}, {kind}"),
-                            format!("{v:.3}"),
-                            ">= 0.98".into(),
-                            v / 0.98,
-                            v >= 0.98,
-                        ));
-                    }
-                }
+                accuracy_checks(&mut out, "hostping link inference", &kind, l, None);
             }
             "hostping_cpu" => {
                 if let (Some(c), Some(t)) = (num(l, "cpu_share_of_core"), num(l, "target")) {
@@ -1051,26 +1059,7 @@ pub fn target_checks(lines: &[Line]) -> Vec<Check> {
             }
             "gray_localization" if l.get("magnitude").is_none() => {
                 let kind = text(l, "fault_kind");
-                for k in ["precision", "recall"] {
-                    if let Some(v) = num(l, k) {
-                        out.push((
-                            format!("gray localization {k}, {kind}"),
-                            format!("{v:.3}"),
-                            ">= 0.98".into(),
-                            v / 0.98,
-                            v >= 0.98,
-                        ));
-                    }
-                }
-                if let Some(d) = num(l, "detection_windows_p95") {
-                    out.push((
-                        format!("gray localization detection p95, {kind}"),
-                        format!("{d:.2} windows"),
-                        "<= 3 windows".into(),
-                        d / 3.0,
-                        d <= 3.0,
-                    ));
-                }
+                accuracy_checks(&mut out, "gray localization", &kind, l, Some(3.0));
             }
             "fault_free_day" => {
                 if let (Some(h), Some(n), Some(r)) =
