@@ -396,6 +396,26 @@ fn gray_suite(a: &Args, opts: &SimOptions) {
     );
 }
 
+type MagnitudeReports = std::collections::BTreeMap<(&'static str, String), KindReport>;
+
+/// The first `with.len()` gray scenarios again with `other`: the reports per kind and
+/// magnitude of the suite's run (`with`) and of this one.
+fn ablation(
+    a: &Args,
+    name: &str,
+    other: &SimOptions,
+    with: &[ScenarioScore],
+) -> (MagnitudeReports, MagnitudeReports) {
+    let runs: Vec<Run> = parallel(with.len(), a.jobs, |i| {
+        run_scored(name, i, &gray_scenario(a.seed, i), other)
+    });
+    let without: Vec<ScenarioScore> = runs.iter().map(|r| r.score.clone()).collect();
+    (
+        report_by_magnitude(with, &GRAY_KINDS, SCORED_WINDOWS),
+        report_by_magnitude(&without, &GRAY_KINDS, SCORED_WINDOWS),
+    )
+}
+
 /// The analyzer as it was before the gray detector: phase 1's thresholds alone.
 fn rules_only(opts: &SimOptions) -> SimOptions {
     let mut o = opts.clone();
@@ -408,13 +428,7 @@ fn rules_only(opts: &SimOptions) -> SimOptions {
 /// per kind and magnitude, recall (and per kind precision) with and without the detector.
 fn rules_ablation(a: &Args, opts: &SimOptions, with: &[ScenarioScore]) {
     let n = a.rules_ablation.min(with.len());
-    let before = rules_only(opts);
-    let runs: Vec<Run> = parallel(n, a.jobs, |i| {
-        run_scored("gray-rules-only", i, &gray_scenario(a.seed, i), &before)
-    });
-    let without: Vec<ScenarioScore> = runs.iter().map(|r| r.score.clone()).collect();
-    let on = report_by_magnitude(&with[..n], &GRAY_KINDS, SCORED_WINDOWS);
-    let off = report_by_magnitude(&without, &GRAY_KINDS, SCORED_WINDOWS);
+    let (on, off) = ablation(a, "gray-rules-only", &rules_only(opts), &with[..n]);
     for ((kind, m), r) in &on {
         let Some(q) = off.get(&(kind, m.clone())) else {
             continue;
@@ -444,12 +458,7 @@ fn focus_ablation(a: &Args, opts: &SimOptions, with: &[ScenarioScore]) {
     let n = a.focus_ablation.min(with.len());
     let mut off = opts.clone();
     off.focus.max_components = 0;
-    let runs: Vec<Run> = parallel(n, a.jobs, |i| {
-        run_scored("gray-no-focus", i, &gray_scenario(a.seed, i), &off)
-    });
-    let without: Vec<ScenarioScore> = runs.iter().map(|r| r.score.clone()).collect();
-    let on = report_by_magnitude(&with[..n], &GRAY_KINDS, SCORED_WINDOWS);
-    let no = report_by_magnitude(&without, &GRAY_KINDS, SCORED_WINDOWS);
+    let (on, no) = ablation(a, "gray-no-focus", &off, &with[..n]);
     for ((kind, m), r) in &on {
         if m == "all" {
             continue;
