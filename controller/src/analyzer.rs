@@ -10,7 +10,7 @@ use rpingmesh_proto::controller_agent::{PathSummary, PinglistType};
 use rpingmesh_proto::operator::TorPairStats;
 
 use crate::findings::{Finding, FindingBook, STALE_AFTER_WINDOWS};
-use crate::localize::{Inventory, Localizer, LocalizerParams};
+use crate::localize::{Inventory, Localizer, LocalizerParams, WindowPath};
 use crate::topology::Topology;
 use rpingmesh_proto::operator::FindingEvent;
 
@@ -230,19 +230,29 @@ impl Analyzer {
             }
             self.unlocalized.remove(&start);
             self.localized_through = Some(start);
-            let window = self
+            // The GID ids of the path keys place each end with an array lookup.
+            let window: Vec<WindowPath<'_>> = self
                 .paths
                 .iter()
                 .filter(|(k, _)| k.2 == 0 || k.2 == FOCUS_PATH_KIND)
-                .filter_map(|(_, p)| {
+                .filter_map(|(k, p)| {
                     p.windows
                         .iter()
                         .rev()
                         .find(|w| w.summary.window_start_unix_ns <= start)
                         .map(|w| &w.summary)
                         .filter(|s| s.window_start_unix_ns == start)
-                });
-            events.extend(self.localizer.localize(start, window, inv, now_unix_ns));
+                        .map(|summary| WindowPath {
+                            src: k.0,
+                            dst: k.1,
+                            summary,
+                        })
+                })
+                .collect();
+            events.extend(
+                self.localizer
+                    .localize_paths(start, &window, inv, now_unix_ns),
+            );
         }
         events
     }

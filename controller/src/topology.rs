@@ -7,6 +7,7 @@
 //! Real switches hash 5-tuples with vendor functions; a deployment that knows its hash
 //! (or traces label paths) plugs another model in here.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 
 use serde::Deserialize;
@@ -64,15 +65,16 @@ fn fnv1a_finish(pair: u64, flow_label: u32, seed: u32, uplinks: usize) -> usize 
 }
 
 /// The spines one (source GID, destination GID) pair's labels take, with the GIDs hashed
-/// once: localization routes every label of a path.
+/// once: localization routes every label of a path. Borrows the ToR's uplinks when both
+/// ToRs have the same (a full mesh): no allocation per path.
 #[derive(Debug, Clone)]
-pub struct PairRoute {
-    usable: Vec<u32>,
+pub struct PairRoute<'t> {
+    usable: Cow<'t, [u32]>,
     pair: u64,
     seed: u32,
 }
 
-impl PairRoute {
+impl PairRoute<'_> {
     /// The spine label `flow_label` of the pair crosses (what `spine_of` says).
     pub fn spine(&self, flow_label: u32) -> u32 {
         self.usable[fnv1a_finish(self.pair, flow_label, self.seed, self.usable.len())]
@@ -286,22 +288,12 @@ impl Topology {
         dst_tor: u32,
         src_gid: &str,
         dst_gid: &str,
-    ) -> Option<PairRoute> {
+    ) -> Option<PairRoute<'_>> {
         if src_tor == dst_tor {
             return None;
         }
         let EcmpModel::Fnv1a { seed } = self.ecmp?;
-        let ups = self.uplinks(src_tor);
-        let dst_ups = self.uplinks(dst_tor);
-        // The source ToR hashes over its uplinks that reach the destination.
-        let usable: Vec<u32> = if ups == dst_ups {
-            ups.to_vec()
-        } else {
-            ups.iter()
-                .copied()
-                .filter(|s| dst_ups.contains(s))
-                .collect()
-        };
+        let usable = self.shared_spines(src_tor, dst_tor);
         if usable.is_empty() {
             return None;
         }
@@ -310,6 +302,61 @@ impl Topology {
             pair: fnv1a_pair(src_gid, dst_gid),
             seed,
         })
+    }
+
+    /// The source ToR's uplinks that reach the destination ToR, in hash order (what the
+    /// source hashes over): borrowed when the two ToRs have the same uplinks.
+    pub fn shared_spines(&self, src_tor: u32, dst_tor: u32) -> Cow<'_, [u32]> {
+        let ups = self.uplinks(src_tor);
+        let dst_ups = self.uplinks(dst_tor);
+        if ups == dst_ups {
+            Cow::Borrowed(ups)
+        } else {
+            Cow::Owned(
+                ups.iter()
+                    .copied()
+                    .filter(|s| dst_ups.contains(s))
+                    .collect(),
+            )
+        }
+    }
+
+    /// Spines in the topology.
+    pub fn spine_count(&self) -> usize {
+        self.spines.len()
+    }
+
+    /// Directed ToR-spine links (both directions of every ToR-spine pair), the size of
+    /// a table indexed by [`Topology::link_index`].
+    pub fn link_count(&self) -> usize {
+        2 * self.cable_count()
+    }
+
+    /// A dense index of a directed link, for tables the localizer fills per label.
+    pub fn link_index(&self, (tor, spine, dir): DirLink) -> usize {
+        2 * self.cable_index(tor, spine) + (dir == LinkDir::Down) as usize
+    }
+
+    /// ToR-spine pairs (a link both ways), the size of a table indexed by
+    /// [`Topology::cable_index`].
+    pub fn cable_count(&self) -> usize {
+        self.tors.len() * self.spines.len()
+    }
+
+    pub fn cable_index(&self, tor: u32, spine: u32) -> usize {
+        tor as usize * self.spines.len() + spine as usize
+    }
+
+    /// The directed link at a dense index (the inverse of [`Topology::link_index`]).
+    pub fn link_at(&self, i: usize) -> DirLink {
+        let cable = i / 2;
+        let n = self.spines.len().max(1);
+        let dir = if i.is_multiple_of(2) {
+            LinkDir::Up
+        } else {
+            LinkDir::Down
+        };
+        ((cable / n) as u32, (cable % n) as u32, dir)
     }
 
     /// The two directed links a packet crosses (up at the source ToR, down at the
@@ -382,6 +429,27 @@ mod tests {
         );
         assert_eq!(up.1, down.1);
         assert_eq!(t.link_name(1, 2), "tor2-spine3");
+    }
+
+    #[test]
+    fn dense_link_and_cable_indices_cover_the_tables_once() {
+        let t = Topology::full_mesh(&names("tor", 3), &names("spine", 5), None);
+        let mut seen = vec![0u8; t.link_count()];
+        let mut cables = vec![0u8; t.cable_count()];
+        for tor in 0..3 {
+            for spine in 0..5 {
+                cables[t.cable_index(tor, spine)] += 1;
+                for dir in [LinkDir::Up, LinkDir::Down] {
+                    let i = t.link_index((tor, spine, dir));
+                    assert_eq!(i / 2, t.cable_index(tor, spine));
+                    assert_eq!(t.link_at(i), (tor, spine, dir));
+                    seen[i] += 1;
+                }
+            }
+        }
+        assert!(seen.iter().chain(&cables).all(|&n| n == 1));
+        // Same uplinks: the pair route borrows them.
+        assert!(matches!(t.shared_spines(0, 1), Cow::Borrowed(_)));
     }
 
     #[test]

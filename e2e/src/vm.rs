@@ -113,8 +113,6 @@ pub const UD_V6: [&str; 2] = ["fd01::1", "fd01::2"];
 pub const UD_V6_TOR: &str = "tor-c";
 /// Seconds of probing after every agent registered.
 pub const UD_PROBE_SECS: u64 = 20;
-/// Rounds of (our endpoint, ibv_ud_pingpong) RTT measurements, alternated.
-pub const ACCURACY_ROUNDS: u32 = 5;
 
 /// Service tracing: two rxe devices behind a bridge ("ToR"), one agent each.
 pub const SVC_DEVICES: [&str; 2] = ["rxes0", "rxes1"];

@@ -13,7 +13,7 @@
 //! Exposure is in packets a fault would drop (a loss of x per packet crossing makes
 //! `x * exposure` more events), so every kind of component is tested on one scale.
 
-use foldhash::{HashMap, HashMapExt};
+use foldhash::HashMap;
 
 use rpingmesh_proto::controller_agent::PathSummary;
 use rpingmesh_protocol::aggregate::SLOW_LABEL_EXCESS_NS;
@@ -52,9 +52,62 @@ impl Component {
 pub struct Components {
     ids: HashMap<Component, u32>,
     pub list: Vec<Component>,
+    /// Ids of directed links and cables by the topology's dense indices (`NONE` until
+    /// first seen): a window looks links up per label, millions of times.
+    link_ids: Vec<u32>,
+    cable_ids: Vec<u32>,
+    /// Per topology ToR: every link and cable of its uplinks has an id.
+    tor_complete: Vec<bool>,
 }
 
+const NONE: u32 = u32::MAX;
+
 impl Components {
+    /// Sizes the dense tables to the topology (once: a localizer's topology is fixed).
+    fn size_for(&mut self, topo: &Topology) {
+        if self.link_ids.len() != topo.link_count() {
+            self.link_ids = vec![NONE; topo.link_count()];
+            self.cable_ids = vec![NONE; topo.cable_count()];
+            self.tor_complete = vec![false; topo.tor_count()];
+        }
+    }
+
+    /// The id of a directed link.
+    fn link(&mut self, topo: &Topology, l: DirLink) -> u32 {
+        self.size_for(topo);
+        let i = topo.link_index(l);
+        if self.link_ids[i] == NONE {
+            self.link_ids[i] = self.id(Component::Link(l.0, l.1, l.2));
+        }
+        self.link_ids[i]
+    }
+
+    /// The id of a ToR-spine link both ways.
+    fn cable(&mut self, topo: &Topology, tor: u32, spine: u32) -> u32 {
+        self.size_for(topo);
+        let i = topo.cable_index(tor, spine);
+        if self.cable_ids[i] == NONE {
+            self.cable_ids[i] = self.id(Component::Cable(tor, spine));
+        }
+        self.cable_ids[i]
+    }
+
+    /// Whether ToR `t`'s links and cables all have ids.
+    fn complete(&mut self, topo: &Topology, t: u32) -> bool {
+        self.size_for(topo);
+        if self.tor_complete[t as usize] {
+            return true;
+        }
+        let done = topo.uplinks(t).iter().all(|&s| {
+            self.cable_ids[topo.cable_index(t, s)] != NONE
+                && [LinkDir::Up, LinkDir::Down]
+                    .iter()
+                    .all(|&d| self.link_ids[topo.link_index((t, s, d))] != NONE)
+        });
+        self.tor_complete[t as usize] = done;
+        done
+    }
+
     pub fn id(&mut self, c: Component) -> u32 {
         if let Some(&i) = self.ids.get(&c) {
             return i;
@@ -161,7 +214,7 @@ pub fn build(
     skip_host: &[bool],
 ) -> WindowEvidence {
     let ecmp = topo.filter(|t| t.ecmp().is_some());
-    // Component ids of the window's RNICs and ToRs, and the ToRs' topology indices.
+    // Component ids of the window's RNICs and ToRs.
     let rnic_ids: Vec<u32> = p
         .rnics
         .iter()
@@ -182,16 +235,11 @@ pub fn build(
     } else {
         Vec::new()
     };
-    let topo_tor: Vec<Option<u32>> = p
-        .tors
-        .names
-        .iter()
-        .map(|t| ecmp.and_then(|e| e.tor_index(t)))
-        .collect();
-    // Per window, so the hot loop hashes two small integers, not a `Component`.
-    let mut link_ids: HashMap<DirLink, u32> = HashMap::new();
-    let mut cable_ids: HashMap<(u32, u32), u32> = HashMap::new();
     let mut w = WindowEvidence::new(comps.len());
+    // Clean inter-ToR paths between ToRs of the same uplinks, per topology ToR as
+    // (source, destination): (probes, answered). Their probes spread evenly over the
+    // spines, so they are spread once per ToR at the end, not per path and spine.
+    let mut spread: Vec<[(f64, f64); 2]> = Vec::new();
     for r in &p.paths {
         let s = r.s;
         if skip.paths[r.index as usize]
@@ -211,26 +259,33 @@ pub fn build(
         t.1 += failed;
         t.2 += invalid;
         // The ends: RNICs and ToRs, for every probe of the path.
-        let mut ends = vec![rnic_ids[r.src as usize], rnic_ids[r.dst as usize]];
-        ends.push(tor_ids[st as usize]);
-        if inter {
-            ends.push(tor_ids[dt as usize]);
-        }
-        for &c in &ends {
+        let ends_all = [
+            rnic_ids[r.src as usize],
+            rnic_ids[r.dst as usize],
+            tor_ids[st as usize],
+            tor_ids[dt as usize],
+        ];
+        let ends = &ends_all[..if inter { 4 } else { 3 }];
+        for &c in ends {
             w.expose(c, n * (bf + bi), 3.0 * n);
         }
-        let routes = match (ecmp, topo_tor[st as usize], topo_tor[dt as usize]) {
-            (Some(e), Some(ts), Some(td)) if inter => e
-                .pair_route(ts, td, r.src_gid(p), r.dst_gid(p))
-                .zip(e.pair_route(td, ts, r.dst_gid(p), r.src_gid(p)))
-                .map(|routes| (ts, td, routes)),
+        let routed = match (ecmp, p.topo_tors[st as usize], p.topo_tors[dt as usize]) {
+            (Some(e), Some(ts), Some(td)) if inter => Some((e, ts, td)),
             _ => None,
         };
+        let shared = routed.map(|(e, ts, td)| e.shared_spines(ts, td));
+        let has_route = shared.as_ref().is_some_and(|sp| !sp.is_empty());
         // A label is slow against its own path's median (and fastest probe): a path
         // whose every probe is jittery (software timestamps) has no slow label.
         let base_rtt = s.network_rtt_min_ns.max(s.network_rtt_p50_ns);
-        match routes {
-            Some((ts, td, (fwd, rev))) if !s.flow_labels.is_empty() => {
+        match (routed, shared) {
+            (Some((e, ts, td)), Some(_)) if has_route && !s.flow_labels.is_empty() => {
+                let (Some(fwd), Some(rev)) = (
+                    e.pair_route(ts, td, r.src_gid(p), r.dst_gid(p)),
+                    e.pair_route(td, ts, r.dst_gid(p), r.src_gid(p)),
+                ) else {
+                    continue;
+                };
                 // Per label: its own links. The path's ends already have its exposure.
                 for l in &s.flow_labels {
                     let (sf, sr) = (fwd.spine(l.flow_label), rev.spine(l.flow_label));
@@ -246,16 +301,8 @@ pub fn build(
                     let ln = l.probe_total as f64;
                     let (lf, li) = (l.probe_failed as f64, l.probe_invalid as f64);
                     let answered = (ln - lf - li).max(0.0);
-                    let ids = links.map(|k| {
-                        *link_ids
-                            .entry(k)
-                            .or_insert_with(|| comps.id(Component::Link(k.0, k.1, k.2)))
-                    });
-                    let cables = links.map(|k| {
-                        *cable_ids
-                            .entry((k.0, k.1))
-                            .or_insert_with(|| comps.id(Component::Cable(k.0, k.1)))
-                    });
+                    let ids = links.map(|k| comps.link(e, k));
+                    let cables = links.map(|k| comps.cable(e, k.0, k.1));
                     w.grow(comps.len());
                     for (i, c) in ids.into_iter().zip(cables).enumerate() {
                         let (rate, per) = if i < 2 { (bf, 1.0) } else { (bi, 2.0) };
@@ -263,7 +310,8 @@ pub fn build(
                             w.expose(x, ln * rate, per * ln);
                         }
                     }
-                    for &c in ids.iter().chain(dedup(&cables).iter()) {
+                    let (distinct, nd) = dedup4(cables);
+                    for &c in ids.iter().chain(&distinct[..nd]) {
                         w.answered[c as usize] += answered;
                     }
                     w.label_answered += answered;
@@ -286,7 +334,7 @@ pub fn build(
                         }
                         loss.retain(|&(_, e)| e > 0.0);
                         let mut latency = ids.to_vec();
-                        latency.extend(dedup(&cables));
+                        latency.extend_from_slice(&distinct[..nd]);
                         w.units.push(Unit {
                             loss,
                             latency,
@@ -305,36 +353,57 @@ pub fn build(
                     }
                 }
             }
-            Some((ts, td, (fwd, _))) => {
+            (Some((e, ts, td)), Some(spines)) if has_route => {
                 // No per-label detail (a clean window): its probes spread evenly over
                 // the spines; its events (an agent without label detail) name no link.
-                let spines = fwd.spines();
-                let k = spines.len().max(1) as f64;
-                let answered = s.probe_success as f64 / k;
-                for &sp in spines {
-                    for (link, rate, per) in [
-                        ((ts, sp, LinkDir::Up), bf, 1.0),
-                        ((td, sp, LinkDir::Down), bf, 1.0),
-                        ((td, sp, LinkDir::Up), bi, 2.0),
-                        ((ts, sp, LinkDir::Down), bi, 2.0),
-                    ] {
-                        let c = *link_ids
-                            .entry(link)
-                            .or_insert_with(|| comps.id(Component::Link(link.0, link.1, link.2)));
-                        let cable = *cable_ids
-                            .entry((link.0, link.1))
-                            .or_insert_with(|| comps.id(Component::Cable(link.0, link.1)));
-                        w.grow(comps.len());
-                        for x in [c, cable] {
-                            w.expose(x, n / k * rate, n / k * per);
+                // Ids are made in the order a per-path spread would meet them.
+                if !(comps.complete(e, ts) && comps.complete(e, td)) {
+                    for &sp in spines.iter() {
+                        for link in [
+                            (ts, sp, LinkDir::Up),
+                            (td, sp, LinkDir::Down),
+                            (td, sp, LinkDir::Up),
+                            (ts, sp, LinkDir::Down),
+                        ] {
+                            comps.link(e, link);
+                            comps.cable(e, link.0, link.1);
                         }
-                        w.answered[c as usize] += answered;
-                        // Two of the four cross one cable (up and down at one ToR).
-                        w.answered[cable as usize] += answered / 2.0;
+                    }
+                    w.grow(comps.len());
+                }
+                if e.uplinks(ts) == e.uplinks(td) {
+                    if spread.is_empty() {
+                        spread = vec![[(0.0, 0.0); 2]; e.tor_count()];
+                    }
+                    let a = s.probe_success as f64;
+                    for (t, role) in [(ts, 0), (td, 1)] {
+                        let x = &mut spread[t as usize][role];
+                        x.0 += n;
+                        x.1 += a;
+                    }
+                } else {
+                    let k = spines.len().max(1) as f64;
+                    let answered = s.probe_success as f64 / k;
+                    for &sp in spines.iter() {
+                        for (link, rate, per) in [
+                            ((ts, sp, LinkDir::Up), bf, 1.0),
+                            ((td, sp, LinkDir::Down), bf, 1.0),
+                            ((td, sp, LinkDir::Up), bi, 2.0),
+                            ((ts, sp, LinkDir::Down), bi, 2.0),
+                        ] {
+                            let c = comps.link(e, link);
+                            let cable = comps.cable(e, link.0, link.1);
+                            for x in [c, cable] {
+                                w.expose(x, n / k * rate, n / k * per);
+                            }
+                            w.answered[c as usize] += answered;
+                            // Two of the four cross one cable (up and down at one ToR).
+                            w.answered[cable as usize] += answered / 2.0;
+                        }
                     }
                 }
                 let unit = PathUnit {
-                    loss: ends.clone(),
+                    loss: ends.to_vec(),
                     latency: Vec::new(),
                     slow: 0.0,
                     excess_ns: 0,
@@ -342,9 +411,9 @@ pub fn build(
                 };
                 push_path_unit(&mut w, r.index, unit, s, inter);
             }
-            None => {
+            _ => {
                 let mut unit = PathUnit {
-                    loss: ends.clone(),
+                    loss: ends.to_vec(),
                     latency: Vec::new(),
                     slow: 0.0,
                     excess_ns: 0,
@@ -385,19 +454,68 @@ pub fn build(
             }
         }
     }
+    if let Some(e) = ecmp {
+        spread_clean(&mut w, e, comps, &spread, &base.inter);
+    }
     w.grow(comps.len());
     w
 }
 
-/// The distinct ids of `v` (a probe and its ACKs may cross one cable twice).
-fn dedup(v: &[u32]) -> Vec<u32> {
-    let mut out: Vec<u32> = Vec::with_capacity(v.len());
-    for &x in v {
-        if !out.contains(&x) {
-            out.push(x);
+/// Spreads the clean paths summed per ToR over its links: per path and spine, a probe
+/// crosses its source ToR's uplink and the destination's downlink, its ACKs the other
+/// two, each on `1/k` of the probes (k spines).
+fn spread_clean(
+    w: &mut WindowEvidence,
+    topo: &Topology,
+    comps: &mut Components,
+    spread: &[[(f64, f64); 2]],
+    lb: &LossBaseline,
+) {
+    let (bf, bi) = (lb.failed_rate(), lb.invalid_rate());
+    for (t, &[(src_n, src_a), (dst_n, dst_a)]) in spread.iter().enumerate() {
+        if src_n == 0.0 && dst_n == 0.0 {
+            continue;
+        }
+        let t = t as u32;
+        let ups = topo.uplinks(t);
+        let k = ups.len().max(1) as f64;
+        let answered = (src_a + dst_a) / k;
+        for &sp in ups {
+            let up = comps.link(topo, (t, sp, LinkDir::Up));
+            let down = comps.link(topo, (t, sp, LinkDir::Down));
+            let cable = comps.cable(topo, t, sp);
+            w.grow(comps.len());
+            // Up: the probes it sends, the ACKs of the probes it receives; down: the
+            // other way round. The cable carries all of them.
+            w.expose(up, (src_n * bf + dst_n * bi) / k, (src_n + 2.0 * dst_n) / k);
+            w.expose(
+                down,
+                (src_n * bi + dst_n * bf) / k,
+                (2.0 * src_n + dst_n) / k,
+            );
+            w.expose(
+                cable,
+                (src_n + dst_n) * (bf + bi) / k,
+                3.0 * (src_n + dst_n) / k,
+            );
+            for c in [up, down, cable] {
+                w.answered[c as usize] += answered;
+            }
         }
     }
-    out
+}
+
+/// The distinct ids of four (a probe and its ACKs may cross one cable twice), in order.
+fn dedup4(v: [u32; 4]) -> ([u32; 4], usize) {
+    let mut out = [0u32; 4];
+    let mut n = 0;
+    for x in v {
+        if !out[..n].contains(&x) {
+            out[n] = x;
+            n += 1;
+        }
+    }
+    (out, n)
 }
 
 /// What a whole-path unit says: the components its events count for, and (no ECMP
@@ -435,13 +553,4 @@ fn push_path_unit(w: &mut WindowEvidence, path: u32, u: PathUnit, s: &PathSummar
         in_label_totals: u.in_label_totals,
         owner: None,
     });
-}
-
-impl super::placed::PlacedPath<'_> {
-    pub fn src_gid<'p>(&self, p: &'p Placed<'_>) -> &'p str {
-        p.rnics[self.src as usize].gid
-    }
-    pub fn dst_gid<'p>(&self, p: &'p Placed<'_>) -> &'p str {
-        p.rnics[self.dst as usize].gid
-    }
 }

@@ -270,17 +270,29 @@ impl Localizer {
         inv: &dyn Inventory,
         now_unix_ns: u64,
     ) -> Vec<FindingEvent> {
-        let paths: Vec<&PathSummary> = paths.into_iter().collect();
-        let blames = self.explain_window(&paths, inv);
+        let paths = WindowPath::intern(paths);
+        self.localize_paths(window_start_unix_ns, &paths, inv, now_unix_ns)
+    }
+
+    /// [`Localizer::localize`] over paths whose GIDs the caller already interned (the
+    /// analyzer's ids): no GID is hashed per path.
+    pub fn localize_paths(
+        &mut self,
+        window_start_unix_ns: u64,
+        paths: &[WindowPath<'_>],
+        inv: &dyn Inventory,
+        now_unix_ns: u64,
+    ) -> Vec<FindingEvent> {
+        let blames = self.explain_window(paths, inv);
         self.apply(window_start_unix_ns, blames, now_unix_ns)
     }
 
     /// One window's blames: stalled hosts first (their paths' timeouts are their own),
     /// then the rules (what breaks outright), then the gray detector on what the rules
     /// did not blame; one blame per component.
-    fn explain_window(&mut self, paths: &[&PathSummary], inv: &dyn Inventory) -> Vec<Blame> {
+    fn explain_window(&mut self, paths: &[WindowPath<'_>], inv: &dyn Inventory) -> Vec<Blame> {
         let topo = self.topology.as_ref();
-        let placed = Placed::new(paths, inv);
+        let placed = Placed::new(paths, inv, topo);
         let hw = hoststat::gather(&placed, &self.gray.baseline);
         let (host_blames, skip_host) = self.gray.hosts(&placed, &hw);
         // What the gray detector has named is explained for the rules too: a stalled
@@ -310,7 +322,7 @@ impl Localizer {
                 skip[r.index as usize] = true;
             }
         }
-        let rules = explain_window(&self.params, topo, paths, inv, &skip, &known_links);
+        let rules = explain_window(&self.params, topo, &placed, &skip, &known_links);
         let gray = self.gray.network(
             &placed,
             topo,
@@ -485,6 +497,7 @@ pub use rules::{explain, explain_window, RulesOutcome};
 use evidence::Skip;
 use gray::GrayDetector;
 use placed::Placed;
+pub use placed::WindowPath;
 
 #[cfg(test)]
 mod gray_tests;

@@ -4,12 +4,11 @@
 
 use std::collections::BTreeMap;
 
-use rpingmesh_proto::controller_agent::PathSummary;
 use rpingmesh_proto::operator::{FindingEvidence, FindingPath};
 
 use super::evidence::Component;
 use super::gray::{GrayBlame, Test};
-use super::placed::Placed;
+use super::placed::{Placed, WindowPath};
 use super::stats::confidence;
 use super::{Blame, ComponentKind, Symptom};
 use crate::topology::{LinkDir, Topology};
@@ -77,7 +76,7 @@ fn per_packet(linear: f64) -> f64 {
 pub fn blames(
     gray: Vec<GrayBlame>,
     p: &Placed,
-    paths: &[&PathSummary],
+    paths: &[WindowPath<'_>],
     topo: Option<&Topology>,
     open_score: f64,
 ) -> Vec<Blame> {
@@ -97,7 +96,7 @@ fn one(
     kind: ComponentKind,
     location: String,
     mut gs: Vec<GrayBlame>,
-    paths: &[&PathSummary],
+    paths: &[WindowPath<'_>],
     open_score: f64,
 ) -> Blame {
     // Loss before latency: a lossy link is a lossy link first.
@@ -132,7 +131,7 @@ fn one(
     let mut fp: Vec<FindingPath> = seen
         .keys()
         .map(|&i| {
-            let s = paths[i as usize];
+            let s = paths[i as usize].summary;
             FindingPath {
                 source_gid: s.source_gid.clone(),
                 target_gid: s.target_gid.clone(),

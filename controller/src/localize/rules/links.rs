@@ -3,41 +3,33 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use foldhash::{HashMap, HashMapExt};
+use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
+
+use rpingmesh_proto::controller_agent::FlowLabelStats;
 
 use super::{
     median, ratio, Evidence, Rec, Window, DOWN_LOSS, EVIDENCE_LABELS, MANY_LINKS,
     MIN_LINK_FAILURES, MIN_SLOW_TUPLES, SLOW_LINK_SHARE,
 };
 use crate::localize::{Blame, ComponentKind, LocalizerParams, Symptom};
-use crate::topology::{DirLink, LinkDir, Topology};
+use crate::topology::{DirLink, LinkDir, PairRoute, Topology};
 
 impl Window<'_> {
     /// Step 4 with an ECMP model: per-label tomography over the ToR-spine links.
     pub(super) fn link_step(&mut self, topo: &Topology) {
-        let mut tor_index: HashMap<u32, Option<u32>> = HashMap::new();
-        let mut links: HashMap<DirLink, LinkAcc> = HashMap::new();
-        let mut tuples: Vec<Tuple> = Vec::new();
         let excess = self.params.latency_excess_ns;
+        let mut tomo = Tomography::new(topo);
         // Label-less paths per ToR at either end: (probes, failed, answered).
-        let mut spread: HashMap<u32, (f64, f64, f64)> = HashMap::new();
+        let mut spread: Vec<(f64, f64, f64)> = vec![(0.0, 0.0, 0.0); topo.tor_count()];
         for (ri, r) in self.recs.iter().enumerate() {
             let (st, dt) = (self.tor_of(r.src), self.tor_of(r.dst));
             if r.explained || st == dt {
                 continue;
             }
-            let mut topo_tor = |t: u32| {
-                *tor_index
-                    .entry(t)
-                    .or_insert_with(|| topo.tor_index(&self.tors.names[t as usize]))
-            };
-            let (Some(ts), Some(td)) = (topo_tor(st), topo_tor(dt)) else {
+            let (Some(ts), Some(td)) = (self.p.topo_tor_of(r.src), self.p.topo_tor_of(r.dst))
+            else {
                 continue;
             };
-            let (sg, dg) = (
-                self.rnics[r.src as usize].gid,
-                self.rnics[r.dst as usize].gid,
-            );
             if r.s.flow_labels.is_empty() {
                 // No per-label detail (a clean window, or an agent without it): its
                 // probes spread evenly over the spines the two ToRs share. Most paths
@@ -45,26 +37,23 @@ impl Window<'_> {
                 // the links once, at the end.
                 if topo.uplinks(ts) == topo.uplinks(td) {
                     for t in [ts, td] {
-                        let e = spread.entry(t).or_default();
+                        let e = &mut spread[t as usize];
                         e.0 += r.s.probe_total as f64;
                         e.1 += r.s.probe_failed as f64;
                         e.2 += r.s.probe_success as f64;
                     }
                     continue;
                 }
-                let shared: Vec<u32> = topo
-                    .uplinks(ts)
-                    .iter()
-                    .copied()
-                    .filter(|s| topo.uplinks(td).contains(s))
-                    .collect();
+                let shared = topo.shared_spines(ts, td);
                 let k = shared.len().max(1) as f64;
-                for s in shared {
-                    for l in round_trip(
-                        [(ts, s, LinkDir::Up), (td, s, LinkDir::Down)],
-                        [(td, s, LinkDir::Up), (ts, s, LinkDir::Down)],
-                    ) {
-                        let a = links.entry(l).or_default();
+                for &s in shared.iter() {
+                    for l in [
+                        (ts, s, LinkDir::Up),
+                        (td, s, LinkDir::Down),
+                        (td, s, LinkDir::Up),
+                        (ts, s, LinkDir::Down),
+                    ] {
+                        let a = tomo.acc(l);
                         a.total += r.s.probe_total as f64 / k;
                         a.failed += r.s.probe_failed as f64 / k;
                         a.answered += r.s.probe_success as f64 / k;
@@ -72,44 +61,44 @@ impl Window<'_> {
                 }
                 continue;
             }
+            let (sg, dg) = (
+                self.p.rnics[r.src as usize].gid,
+                self.p.rnics[r.dst as usize].gid,
+            );
+            let (Some(fwd), Some(rev)) = (
+                topo.pair_route(ts, td, sg, dg),
+                topo.pair_route(td, ts, dg, sg),
+            ) else {
+                continue;
+            };
             let base = r.s.network_rtt_min_ns;
+            let labeled = Labeled {
+                rec: ri as u32,
+                ts,
+                td,
+                fwd,
+                rev,
+                base,
+            };
             for l in &r.s.flow_labels {
-                let (Some(fwd), Some(rev)) = (
-                    topo.route(ts, td, sg, dg, l.flow_label),
-                    topo.route(td, ts, dg, sg, l.flow_label),
-                ) else {
-                    continue;
-                };
-                let answered = l.probe_total.saturating_sub(l.probe_failed);
-                let slow = answered > 0 && l.network_rtt_p50_ns >= base.saturating_add(excess);
-                let t = Tuple {
-                    links: round_trip(fwd, rev),
-                    total: l.probe_total as f64,
-                    failed: l.probe_failed as f64,
-                    answered: answered as f64,
-                    slow_answered: if slow { answered as f64 } else { 0.0 },
-                    excess: l.network_rtt_p50_ns.saturating_sub(base),
-                    rec: ri as u32,
-                    label: l.flow_label,
-                    removed: false,
-                };
-                let id = tuples.len() as u32;
-                for link in t.links {
-                    let a = links.entry(link).or_default();
-                    a.add(&t, 1.0);
-                    a.tuples.push(id);
+                let t = LabelCounts::new(l, base, excess);
+                for link in labeled.links(l.flow_label) {
+                    tomo.acc(link).add(&t, 1.0);
                 }
-                tuples.push(t);
             }
+            tomo.labeled.push(labeled);
         }
         // A probe from ToR t goes up one of its links and its ACKs come down one; a probe
         // to t comes down one and its ACKs go up one: both directions carry the path.
-        for (&t, &(total, failed, answered)) in &spread {
-            let ups = topo.uplinks(t);
+        for (t, &(total, failed, answered)) in spread.iter().enumerate() {
+            if total == 0.0 && failed == 0.0 && answered == 0.0 {
+                continue;
+            }
+            let ups = topo.uplinks(t as u32);
             let k = ups.len().max(1) as f64;
             for &s in ups {
                 for dir in [LinkDir::Up, LinkDir::Down] {
-                    let a = links.entry((t, s, dir)).or_default();
+                    let a = tomo.acc((t as u32, s, dir));
                     a.total += total / k;
                     a.failed += failed / k;
                     a.answered += answered / k;
@@ -118,63 +107,34 @@ impl Window<'_> {
         }
         // Links the gray detector has already named explain their tuples: a link another
         // lossy link's probes also crossed must not pass the bar on those.
-        for link in self.known_links {
-            let Some(acc) = links.remove(link) else {
-                continue;
-            };
-            for &ti in &acc.tuples {
-                let t = &mut tuples[ti as usize];
-                if !t.removed {
-                    t.removed = true;
-                    for other in t.links {
-                        if let Some(a) = links.get_mut(&other) {
-                            a.add(t, -1.0);
-                        }
-                    }
-                }
-            }
+        for &link in self.known_links {
+            tomo.take(link, &self.recs, excess, |_, _, _| {});
         }
         let mut found: BTreeMap<(u32, u32), LinkBlame> = BTreeMap::new();
         // Loss first: a dead link also has no RTT to speak of.
         for symptom in [Symptom::Loss, Symptom::Latency] {
-            loop {
-                let best = links
-                    .iter()
-                    .filter_map(|(l, a)| a.score(symptom, self.params).map(|s| (s, *l)))
-                    .max_by(|a, b| a.0.total_cmp(&b.0).then(b.1.cmp(&a.1)));
-                let Some((_, link)) = best else { break };
-                let acc = links.remove(&link).expect("present");
+            while let Some(link) = tomo.worst(symptom, self.params) {
                 let lb = found
                     .entry((link.0, link.1))
                     .or_insert_with(|| LinkBlame::new(symptom));
                 lb.dirs.insert(link.2);
-                lb.total += acc.total;
-                lb.failed += acc.failed;
-                lb.answered += acc.answered;
-                lb.slow_answered += acc.slow_answered;
-                for &ti in &acc.tuples {
-                    let t = &mut tuples[ti as usize];
-                    if t.removed {
-                        continue;
-                    }
-                    t.removed = true;
+                let acc = tomo.take(link, &self.recs, excess, |t, rec, label| {
                     let bad = match symptom {
                         Symptom::Latency => t.slow_answered > 0.0,
                         _ => t.failed > 0.0,
                     };
                     if bad {
-                        lb.labels.insert(t.label);
-                        lb.recs.insert(t.rec);
+                        lb.labels.insert(label);
+                        lb.recs.insert(rec);
                         if t.slow_answered > 0.0 {
                             lb.excess.push(t.excess);
                         }
                     }
-                    for other in t.links {
-                        if let Some(a) = links.get_mut(&other) {
-                            a.add(t, -1.0);
-                        }
-                    }
-                }
+                });
+                lb.total += acc.total;
+                lb.failed += acc.failed;
+                lb.answered += acc.answered;
+                lb.slow_answered += acc.slow_answered;
             }
         }
         // Many uplinks of one ToR at once point below the links: an RNIC, host or the
@@ -203,8 +163,8 @@ impl Window<'_> {
     /// directions apart.
     pub(super) fn tor_side_step(&mut self) {
         let excess = self.params.latency_excess_ns;
-        let mut sides: HashMap<u32, LinkAcc> = HashMap::new();
-        let mut tuples: Vec<Tuple> = Vec::new();
+        let mut sides: HashMap<u32, SideAcc> = HashMap::new();
+        let mut tuples: Vec<SideTuple> = Vec::new();
         for (ri, r) in self.recs.iter().enumerate() {
             let (st, dt) = (self.tor_of(r.src), self.tor_of(r.dst));
             if r.explained || st == dt {
@@ -225,29 +185,25 @@ impl Window<'_> {
                 slow_labels * 5 >= r.s.flow_labels.len()
             };
             let answered = r.s.probe_success as f64;
-            let t = Tuple {
-                links: [
-                    (st, 0, LinkDir::Up),
-                    (dt, 0, LinkDir::Up),
-                    (st, 0, LinkDir::Up),
-                    (dt, 0, LinkDir::Up),
-                ],
-                total: r.s.probe_total as f64,
-                failed: r.s.probe_failed as f64,
-                answered,
-                slow_answered: if slow { answered } else { 0.0 },
-                excess: r
-                    .s
-                    .network_rtt_p99_ns
-                    .saturating_sub(r.s.network_rtt_min_ns),
+            let t = SideTuple {
+                tors: [st, dt],
+                counts: LabelCounts {
+                    total: r.s.probe_total as f64,
+                    failed: r.s.probe_failed as f64,
+                    answered,
+                    slow_answered: if slow { answered } else { 0.0 },
+                    excess: r
+                        .s
+                        .network_rtt_p99_ns
+                        .saturating_sub(r.s.network_rtt_min_ns),
+                },
                 rec: ri as u32,
-                label: 0,
                 removed: false,
             };
             let id = tuples.len() as u32;
             for tor in [st, dt] {
                 let a = sides.entry(tor).or_default();
-                a.add(&t, 1.0);
+                a.acc.add(&t.counts, 1.0);
                 a.tuples.push(id);
             }
             tuples.push(t);
@@ -256,39 +212,39 @@ impl Window<'_> {
             loop {
                 let best = sides
                     .iter()
-                    .filter_map(|(tor, a)| a.score(symptom, self.params).map(|s| (s, *tor)))
+                    .filter_map(|(tor, a)| a.acc.score(symptom, self.params).map(|s| (s, *tor)))
                     .max_by(|a, b| a.0.total_cmp(&b.0).then(b.1.cmp(&a.1)));
                 let Some((_, tor)) = best else { break };
                 let acc = sides.remove(&tor).expect("present");
                 let mut lb = LinkBlame::new(symptom);
                 lb.dirs.insert(LinkDir::Up);
                 lb.dirs.insert(LinkDir::Down);
-                lb.total = acc.total;
-                lb.failed = acc.failed;
-                lb.answered = acc.answered;
-                lb.slow_answered = acc.slow_answered;
+                lb.total = acc.acc.total;
+                lb.failed = acc.acc.failed;
+                lb.answered = acc.acc.answered;
+                lb.slow_answered = acc.acc.slow_answered;
                 for &ti in &acc.tuples {
                     let t = &mut tuples[ti as usize];
                     if t.removed {
                         continue;
                     }
                     t.removed = true;
-                    if t.failed > 0.0 || t.slow_answered > 0.0 {
+                    if t.counts.failed > 0.0 || t.counts.slow_answered > 0.0 {
                         lb.recs.insert(t.rec);
-                        if t.slow_answered > 0.0 {
-                            lb.excess.push(t.excess);
+                        if t.counts.slow_answered > 0.0 {
+                            lb.excess.push(t.counts.excess);
                         }
                     }
-                    let other = if t.links[0].0 == tor {
-                        t.links[1].0
+                    let other = if t.tors[0] == tor {
+                        t.tors[1]
                     } else {
-                        t.links[0].0
+                        t.tors[0]
                     };
                     if let Some(a) = sides.get_mut(&other) {
-                        a.add(t, -1.0);
+                        a.acc.add(&t.counts, -1.0);
                     }
                 }
-                let location = format!("{}/uplink", self.tors.names[tor as usize]);
+                let location = format!("{}/uplink", self.p.tors.names[tor as usize]);
                 for &ri in &lb.recs {
                     self.recs[ri as usize].blamed = true;
                 }
@@ -301,38 +257,178 @@ impl Window<'_> {
     }
 }
 
-/// The four directed links a probe and its ACKs cross: up and down of the probe, up and
-/// down of the ACKs (which take the probe's label, so usually another spine).
-fn round_trip(fwd: [DirLink; 2], rev: [DirLink; 2]) -> [DirLink; 4] {
-    [fwd[0], fwd[1], rev[0], rev[1]]
-}
-
-/// One (pair, label) of a window, crossing four directed links.
-struct Tuple {
-    links: [DirLink; 4],
+/// What one (pair, label) (or, without an ECMP model, one path) counts for the links it
+/// crosses.
+struct LabelCounts {
     total: f64,
     failed: f64,
     answered: f64,
     /// Answered probes on a slow label.
     slow_answered: f64,
     excess: u64,
+}
+
+impl LabelCounts {
+    /// A label of a path whose fastest probe took `base` ns: slow `excess` ns over it.
+    fn new(l: &FlowLabelStats, base: u64, excess: u64) -> Self {
+        let answered = l.probe_total.saturating_sub(l.probe_failed);
+        let slow = answered > 0 && l.network_rtt_p50_ns >= base.saturating_add(excess);
+        LabelCounts {
+            total: l.probe_total as f64,
+            failed: l.probe_failed as f64,
+            answered: answered as f64,
+            slow_answered: if slow { answered as f64 } else { 0.0 },
+            excess: l.network_rtt_p50_ns.saturating_sub(base),
+        }
+    }
+}
+
+/// An inter-ToR path with per-label detail, routed: its labels' tuples are walked again
+/// when a link they cross is taken.
+struct Labeled<'t> {
+    /// Index into the window's records.
     rec: u32,
-    label: u32,
+    ts: u32,
+    td: u32,
+    fwd: PairRoute<'t>,
+    rev: PairRoute<'t>,
+    /// Its fastest probe (ns), what a slow label is measured against.
+    base: u64,
+}
+
+impl Labeled<'_> {
+    /// The four directed links a probe and its ACKs cross: up and down of the probe, up
+    /// and down of the ACKs (which take the probe's label, so usually another spine).
+    fn links(&self, label: u32) -> [DirLink; 4] {
+        let (sf, sr) = (self.fwd.spine(label), self.rev.spine(label));
+        [
+            (self.ts, sf, LinkDir::Up),
+            (self.td, sf, LinkDir::Down),
+            (self.td, sr, LinkDir::Up),
+            (self.ts, sr, LinkDir::Down),
+        ]
+    }
+}
+
+/// Per-label tomography over one window: every directed link's sums, dense by the
+/// topology's link index, and the labeled paths. A (pair, label) tuple is not stored: a
+/// window has millions, and only the few crossing a taken link are ever looked at again,
+/// found by walking the labeled paths at that link's ToR.
+struct Tomography<'t> {
+    topo: &'t Topology,
+    links: Vec<LinkAcc>,
+    taken: Vec<bool>,
+    labeled: Vec<Labeled<'t>>,
+    /// Per topology ToR, the labeled paths at either end (built at the first take).
+    by_tor: Vec<Vec<u32>>,
+    /// Tuples already taken: (labeled path, label index).
+    gone: HashSet<(u32, u32)>,
+}
+
+impl<'t> Tomography<'t> {
+    fn new(topo: &'t Topology) -> Self {
+        Tomography {
+            topo,
+            links: vec![LinkAcc::default(); topo.link_count()],
+            taken: vec![false; topo.link_count()],
+            labeled: Vec::new(),
+            by_tor: Vec::new(),
+            gone: HashSet::new(),
+        }
+    }
+
+    fn acc(&mut self, link: DirLink) -> &mut LinkAcc {
+        &mut self.links[self.topo.link_index(link)]
+    }
+
+    /// The link to blame next for `symptom`: the worst not taken yet that passes the bar
+    /// (ties to the lowest link).
+    fn worst(&self, symptom: Symptom, p: &LocalizerParams) -> Option<DirLink> {
+        self.links
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !self.taken[*i])
+            .filter_map(|(i, a)| a.score(symptom, p).map(|s| (s, self.topo.link_at(i))))
+            .max_by(|a, b| a.0.total_cmp(&b.0).then(b.1.cmp(&a.1)))
+            .map(|(_, l)| l)
+    }
+
+    /// Takes `link` out: each tuple crossing it that no earlier take claimed goes to `f`
+    /// (its counts, record and label) and leaves the sums of the other links it crossed.
+    /// Returns the link's sums as they were.
+    fn take(
+        &mut self,
+        link: DirLink,
+        recs: &[Rec<'_>],
+        excess: u64,
+        mut f: impl FnMut(&LabelCounts, u32, u32),
+    ) -> LinkAcc {
+        let i = self.topo.link_index(link);
+        if self.taken[i] {
+            return LinkAcc::default();
+        }
+        self.taken[i] = true;
+        if self.by_tor.is_empty() {
+            self.by_tor = vec![Vec::new(); self.topo.tor_count()];
+            for (e, l) in self.labeled.iter().enumerate() {
+                self.by_tor[l.ts as usize].push(e as u32);
+                self.by_tor[l.td as usize].push(e as u32);
+            }
+        }
+        let Tomography {
+            topo,
+            links,
+            taken,
+            labeled,
+            by_tor,
+            gone,
+        } = self;
+        for &e in &by_tor[link.0 as usize] {
+            let lab = &labeled[e as usize];
+            for (li, l) in recs[lab.rec as usize].s.flow_labels.iter().enumerate() {
+                let crossed = lab.links(l.flow_label);
+                if !crossed.contains(&link) || !gone.insert((e, li as u32)) {
+                    continue;
+                }
+                let t = LabelCounts::new(l, lab.base, excess);
+                f(&t, lab.rec, l.flow_label);
+                for other in crossed {
+                    let j = topo.link_index(other);
+                    if !taken[j] {
+                        links[j].add(&t, -1.0);
+                    }
+                }
+            }
+        }
+        links[i].clone()
+    }
+}
+
+/// Without an ECMP model: one path between two ToR sides.
+struct SideTuple {
+    tors: [u32; 2],
+    counts: LabelCounts,
+    rec: u32,
     removed: bool,
 }
 
 #[derive(Default)]
+struct SideAcc {
+    acc: LinkAcc,
+    tuples: Vec<u32>,
+}
+
+#[derive(Default, Clone)]
 struct LinkAcc {
     total: f64,
     failed: f64,
     answered: f64,
     slow_answered: f64,
     slow_tuples: f64,
-    tuples: Vec<u32>,
 }
 
 impl LinkAcc {
-    fn add(&mut self, t: &Tuple, sign: f64) {
+    fn add(&mut self, t: &LabelCounts, sign: f64) {
         self.total += sign * t.total;
         self.failed += sign * t.failed;
         self.answered += sign * t.answered;
@@ -341,7 +437,6 @@ impl LinkAcc {
             self.slow_tuples += sign;
         }
     }
-
     /// How bad the link looks for `symptom`, when it is bad enough to blame.
     fn score(&self, symptom: Symptom, p: &LocalizerParams) -> Option<f64> {
         match symptom {

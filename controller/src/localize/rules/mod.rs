@@ -3,13 +3,10 @@
 
 use std::collections::BTreeMap;
 
-// Windows hold millions of GID lookups: a fast hasher, no DoS concern on our own keys.
-use foldhash::{HashMap, HashMapExt};
-
 use rpingmesh_proto::controller_agent::PathSummary;
 use rpingmesh_proto::operator::{FindingEvidence, FindingPath};
 
-use super::placed::Names;
+use super::placed::{Placed, WindowPath};
 use super::{Blame, ComponentKind, Inventory, LocalizerParams, Symptom};
 use crate::topology::{DirLink, Topology};
 
@@ -37,12 +34,6 @@ const SLOW_LINK_SHARE: f64 = 0.5;
 const MANY_LINKS: usize = 3;
 /// Slow (pair, label) tuples a link needs before it is blamed for latency.
 const MIN_SLOW_TUPLES: f64 = 3.0;
-
-struct Rnic<'a> {
-    gid: &'a str,
-    host: u32,
-    tor: u32,
-}
 
 struct Rec<'a> {
     s: &'a PathSummary,
@@ -79,10 +70,7 @@ fn median(v: &mut [u64]) -> u64 {
 
 struct Window<'a> {
     params: &'a LocalizerParams,
-    rnics: Vec<Rnic<'a>>,
-    rnic_ids: HashMap<&'a str, u32>,
-    tors: Names,
-    hosts: Names,
+    p: &'a Placed<'a>,
     recs: Vec<Rec<'a>>,
     blames: Vec<Blame>,
     blamed_links: Vec<DirLink>,
@@ -145,16 +133,9 @@ pub fn explain<'a>(
     paths: impl IntoIterator<Item = &'a PathSummary>,
     inv: &dyn Inventory,
 ) -> Vec<Blame> {
-    let paths: Vec<&PathSummary> = paths.into_iter().collect();
-    explain_window(
-        params,
-        topology,
-        &paths,
-        inv,
-        &vec![false; paths.len()],
-        &[],
-    )
-    .blames
+    let paths = WindowPath::intern(paths);
+    let placed = Placed::new(&paths, inv, topology);
+    explain_window(params, topology, &placed, &vec![false; paths.len()], &[]).blames
 }
 
 /// What the rules made of a window.
@@ -166,54 +147,43 @@ pub struct RulesOutcome {
     pub blamed_links: Vec<DirLink>,
 }
 
-/// The rules over one window, `skip[i]` marking paths already explained (a stalled
-/// host's, a named RNIC's), `known_links` the directed links whose tuples are (links the
-/// gray detector named).
-pub fn explain_window(
-    params: &LocalizerParams,
+/// The rules over one window (`placed`, of a list of `skip.len()` paths), `skip[i]`
+/// marking paths already explained (a stalled host's, a named RNIC's), `known_links` the
+/// directed links whose tuples are (links the gray detector named).
+pub fn explain_window<'a>(
+    params: &'a LocalizerParams,
     topology: Option<&Topology>,
-    paths: &[&PathSummary],
-    inv: &dyn Inventory,
+    placed: &'a Placed<'a>,
     skip: &[bool],
-    known_links: &[DirLink],
+    known_links: &'a [DirLink],
 ) -> RulesOutcome {
     let mut w = Window {
         params,
-        rnics: Vec::new(),
-        rnic_ids: HashMap::new(),
-        tors: Names::default(),
-        hosts: Names::default(),
-        recs: Vec::new(),
+        p: placed,
+        recs: placed
+            .paths
+            .iter()
+            .map(|r| Rec {
+                s: r.s,
+                index: r.index,
+                src: r.src,
+                dst: r.dst,
+                explained: skip[r.index as usize],
+                blamed: false,
+            })
+            .collect(),
         blames: Vec::new(),
         blamed_links: Vec::new(),
         known_links,
     };
-    for (i, &s) in paths.iter().enumerate() {
-        if s.probe_total == 0 {
-            continue;
-        }
-        let src = w.rnic(&s.source_gid, &s.source_tor_id, inv);
-        let dst = w.rnic(&s.target_gid, &s.target_tor_id, inv);
-        if src == dst {
-            continue;
-        }
-        w.recs.push(Rec {
-            s,
-            index: i as u32,
-            src,
-            dst,
-            explained: skip[i],
-            blamed: false,
-        });
-    }
     w.hosts_step();
     w.tor_step();
-    w.rnic_step(inv);
+    w.rnic_step();
     match topology {
         Some(t) if t.ecmp().is_some() => w.link_step(t),
         _ => w.tor_side_step(),
     }
-    let mut blamed_paths = vec![false; paths.len()];
+    let mut blamed_paths = vec![false; skip.len()];
     for r in w.recs.iter().filter(|r| r.blamed) {
         blamed_paths[r.index as usize] = true;
     }
@@ -224,28 +194,13 @@ pub fn explain_window(
     }
 }
 
-impl<'a> Window<'a> {
-    fn rnic(&mut self, gid: &'a str, reported_tor: &str, inv: &dyn Inventory) -> u32 {
-        if let Some(&i) = self.rnic_ids.get(gid) {
-            return i;
-        }
-        let (host, tor) = match inv.place(gid) {
-            Some(p) => (self.hosts.id(p.host), self.tors.id(p.tor)),
-            // Unknown to the registry: its own host, the ToR its peers reported.
-            None => (self.hosts.id(gid), self.tors.id(reported_tor)),
-        };
-        let i = self.rnics.len() as u32;
-        self.rnics.push(Rnic { gid, host, tor });
-        self.rnic_ids.insert(gid, i);
-        i
-    }
-
+impl Window<'_> {
     fn host_of(&self, r: u32) -> u32 {
-        self.rnics[r as usize].host
+        self.p.host_of(r)
     }
 
     fn tor_of(&self, r: u32) -> u32 {
-        self.rnics[r as usize].tor
+        self.p.tor_of(r)
     }
 
     fn is_lossy(&self, r: &Rec<'_>) -> bool {
@@ -256,7 +211,7 @@ impl<'a> Window<'a> {
     /// responder's on the paths probing it) are inflated. Its paths are explained: their
     /// timeouts are the host's, not the network's.
     fn hosts_step(&mut self) {
-        let n = self.hosts.names.len();
+        let n = self.p.hosts.names.len();
         let mut prober: Vec<Vec<u64>> = vec![Vec::new(); n];
         let mut responder: Vec<Vec<u64>> = vec![Vec::new(); n];
         let mut tails: Vec<Vec<u64>> = vec![Vec::new(); n];
@@ -290,10 +245,7 @@ impl<'a> Window<'a> {
         }
         for h in grazed {
             for r in self.recs.iter_mut() {
-                if [r.src, r.dst]
-                    .map(|x| self.rnics[x as usize].host)
-                    .contains(&h)
-                {
+                if [r.src, r.dst].map(|x| self.p.host_of(x)).contains(&h) {
                     r.explained = true;
                 }
             }
@@ -302,7 +254,7 @@ impl<'a> Window<'a> {
             let mut ev = Evidence::default();
             let mut rtt = Vec::new();
             for r in self.recs.iter_mut() {
-                let on = [r.src, r.dst].map(|x| self.rnics[x as usize].host);
+                let on = [r.src, r.dst].map(|x| self.p.host_of(x));
                 if on.contains(&h) {
                     r.explained = true;
                     r.blamed = true;
@@ -312,7 +264,7 @@ impl<'a> Window<'a> {
                     }
                 }
             }
-            let host = self.hosts.names[h as usize].clone();
+            let host = self.p.hosts.names[h as usize].clone();
             let mut e = ev.finish();
             e.excess_ns = p.max(q);
             e.detail = format!(
@@ -333,7 +285,7 @@ impl<'a> Window<'a> {
     }
 
     fn rnic_stats(&self) -> Vec<RnicStat> {
-        let mut st = vec![RnicStat::default(); self.rnics.len()];
+        let mut st = vec![RnicStat::default(); self.p.rnics.len()];
         for r in self.recs.iter().filter(|r| !r.explained) {
             let lossy = self.is_lossy(r) as u32;
             let touched = (r.s.probe_failed > 0) as u32;
@@ -370,7 +322,7 @@ impl<'a> Window<'a> {
             if s.paths == 0 {
                 continue;
             }
-            let e = per_tor.entry(self.rnics[i].tor).or_default();
+            let e = per_tor.entry(self.p.rnics[i].tor).or_default();
             e.0 += 1;
             // As the RNIC rule sees one: a ToR going down mid-window (or back up) leaves
             // every RNIC under it partly unreachable, not 90% so.
@@ -382,7 +334,7 @@ impl<'a> Window<'a> {
             }
             let mut ev = Evidence::default();
             for r in self.recs.iter_mut() {
-                let on = [r.src, r.dst].map(|x| self.rnics[x as usize].tor);
+                let on = [r.src, r.dst].map(|x| self.p.tor_of(x));
                 if on.contains(&tor) {
                     r.blamed = true;
                     if !r.explained {
@@ -400,7 +352,7 @@ impl<'a> Window<'a> {
             );
             self.blames.push(Blame {
                 kind: ComponentKind::Tor,
-                location: self.tors.names[tor as usize].clone(),
+                location: self.p.tors.names[tor as usize].clone(),
                 // Partly down in a window it went down or came back in.
                 symptom: if loss >= DOWN_LOSS {
                     Symptom::Down
@@ -415,7 +367,7 @@ impl<'a> Window<'a> {
 
     /// Step 3: an RNIC its peers fail to reach and that fails to reach them: most of its
     /// paths lossy both ways, ToR-local ones too.
-    fn rnic_step(&mut self, inv: &dyn Inventory) {
+    fn rnic_step(&mut self) {
         let st = self.rnic_stats();
         let mut blamed = Vec::new();
         let mut grazed = Vec::new();
@@ -453,7 +405,7 @@ impl<'a> Window<'a> {
             let seen = if s.in_total == 0 { 0.5 } else { 1.0 };
             self.blames.push(Blame {
                 kind: ComponentKind::Rnic,
-                location: rnic_location(self.rnics[x as usize].gid, inv),
+                location: self.p.rnics[x as usize].name.clone(),
                 symptom: if down {
                     Symptom::Down
                 } else {
@@ -463,14 +415,6 @@ impl<'a> Window<'a> {
                 evidence: e,
             });
         }
-    }
-}
-
-/// `<host>/<device>`, or the GID when the inventory does not know the RNIC.
-fn rnic_location(gid: &str, inv: &dyn Inventory) -> String {
-    match inv.place(gid) {
-        Some(p) => format!("{}/{}", p.host, p.device),
-        None => gid.to_string(),
     }
 }
 
