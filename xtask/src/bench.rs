@@ -303,7 +303,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
 /// The first paragraph of a bench's section: what it measures and how.
 fn section_intro(bin: &str) -> &'static str {
     match bin {
-            "controller-bench" => "Controller: GetPinglist latency with 10,000 / 100,000 RNICs (target p99 < 2 ms at 100,000); the web page's JSON endpoints at 100,000 RNICs and 200,000 paths (HTTP/1.1, a connection per request) next to GetPinglist on the same server; registration throughput, PathSummary ingest (target 200,000/s on one core); analyzer_localize: one 30 s window of a 100,000-RNIC fabric (1.2 million summaries, a dead RNIC and a dead link among them) ingested and localized on one core, as a share of the window (the target: keeping up, < 1)",
+            "controller-bench" => "Controller: GetPinglist latency with 10,000 / 100,000 RNICs (target p99 < 2 ms at 100,000); the web page's JSON endpoints at 100,000 RNICs and 200,000 paths (HTTP/1.1, a connection per request) next to GetPinglist on the same server; registration throughput, PathSummary ingest (target 200,000/s on one core); analyzer_localize: 30 s windows of a 100,000-RNIC fabric (1.2 million summaries, a dead RNIC and a dead link among them, a fifth of the inter-ToR paths with per-label detail from the background) ingested and localized on one core, six in a row, as a share of the window: the worse of the first (cold) and the median once the gray detector's history is full (target < 0.3)",
             "etcd-bench" => "The controller on etcd (Debian's etcd-server on loopback, one member) next to SQLite (a file): \
                 GetPinglist p50/p99 with 100,000 RNICs (25,000 hosts of 4 RNICs, 10 RNICs per ToR), each store's server against ListViolations(limit=0) on itself; \
                 registry_fill: hosts registered per second through the registry API, sequential (etcd: a lease grant or keepalive, a transaction, and the wait for the replica's own watch to apply it); \
@@ -1087,15 +1087,19 @@ pub fn target_checks(lines: &[Line]) -> Vec<Check> {
             }
             "analyzer_localize" => {
                 if let Some(r) = num(l, "ratio_to_window") {
+                    let cold = num(l, "cold_ratio_to_window").unwrap_or(r);
                     out.push((
                         format!(
-                            "analyzer ingest + localization of one 30 s window, {:.0} RNICs, one core",
+                            "analyzer ingest + localization of one 30 s window, {:.0} RNICs, one core (the worse of the first window and a running controller's)",
                             num(l, "rnics").unwrap_or(0.0)
                         ),
-                        format!("{r:.3} of the window"),
-                        "< 1".into(),
-                        r,
-                        r < 1.0,
+                        format!(
+                            "{r:.3} of the window (first {cold:.3}, running {:.3})",
+                            num(l, "steady_ratio_to_window").unwrap_or(r)
+                        ),
+                        "< 0.3".into(),
+                        r / 0.3,
+                        r < 0.3,
                     ));
                 }
             }

@@ -19,7 +19,7 @@ use rpingmesh_proto::controller_agent::PathSummary;
 use rpingmesh_protocol::aggregate::SLOW_LABEL_EXCESS_NS;
 
 use super::baseline::{Baseline, LossBaseline};
-use super::placed::Placed;
+use super::placed::{PathNumbers, Placed};
 use crate::topology::{DirLink, LinkDir, Topology};
 
 /// What a fault can sit on.
@@ -152,14 +152,22 @@ pub struct Unit {
     pub owner: Option<u32>,
 }
 
+/// What one window expects of a component, as the baseline sees it.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Exposure {
+    /// Background events expected.
+    pub mu0: f64,
+    /// Packets a fault there would drop, per unit of drop probability.
+    pub exposure: f64,
+    /// Answered probes whose RTT includes it (latency trials).
+    pub answered: f64,
+}
+
 /// One window's exposures (dense, by component id) and units.
 pub struct WindowEvidence {
-    /// Background events expected on each component.
-    pub mu0: Vec<f64>,
-    /// Packets a fault there would drop, per unit of drop probability.
-    pub exposure: Vec<f64>,
-    /// Answered probes whose RTT includes it (latency trials).
-    pub answered: Vec<f64>,
+    /// By component id; one entry per component (the window touches them at random,
+    /// so what it adds to one sits in one cache line).
+    pub exposures: Vec<Exposure>,
     pub units: Vec<Unit>,
     /// Window totals per class (local, inter): probes, failed, invalid; and answered /
     /// slow inter-ToR probes with label detail (what the baseline learns from).
@@ -171,9 +179,7 @@ pub struct WindowEvidence {
 impl WindowEvidence {
     fn new(n: usize) -> Self {
         WindowEvidence {
-            mu0: vec![0.0; n],
-            exposure: vec![0.0; n],
-            answered: vec![0.0; n],
+            exposures: vec![Exposure::default(); n],
             units: Vec::new(),
             totals: [(0.0, 0.0, 0.0); 2],
             label_answered: 0.0,
@@ -181,18 +187,25 @@ impl WindowEvidence {
         }
     }
 
+    /// Component `c`'s exposure in this window (none for one made after it).
+    pub fn at(&self, c: u32) -> Exposure {
+        self.exposures.get(c as usize).copied().unwrap_or_default()
+    }
+
     fn grow(&mut self, n: usize) {
-        if self.mu0.len() < n {
-            self.mu0.resize(n, 0.0);
-            self.exposure.resize(n, 0.0);
-            self.answered.resize(n, 0.0);
+        if self.exposures.len() < n {
+            self.exposures.resize(n, Exposure::default());
         }
     }
 
     fn expose(&mut self, c: u32, mu0: f64, exposure: f64) {
-        let i = c as usize;
-        self.mu0[i] += mu0;
-        self.exposure[i] += exposure;
+        let x = &mut self.exposures[c as usize];
+        x.mu0 += mu0;
+        x.exposure += exposure;
+    }
+
+    fn answer(&mut self, c: u32, answered: f64) {
+        self.exposures[c as usize].answered += answered;
     }
 }
 
@@ -240,15 +253,16 @@ pub fn build(
     // (source, destination): (probes, answered). Their probes spread evenly over the
     // spines, so they are spread once per ToR at the end, not per path and spine.
     let mut spread: Vec<[(f64, f64); 2]> = Vec::new();
+    let mut sums = SpineSums::default();
     for r in &p.paths {
-        let s = r.s;
+        let s = &r.n;
         if skip.paths[r.index as usize]
-            || skip_host[p.host_of(r.src) as usize]
-            || skip_host[p.host_of(r.dst) as usize]
+            || skip_host[r.hosts[0] as usize]
+            || skip_host[r.hosts[1] as usize]
         {
             continue;
         }
-        let (st, dt) = (p.tor_of(r.src), p.tor_of(r.dst));
+        let [st, dt] = r.tors;
         let inter = st != dt;
         let lb: &LossBaseline = if inter { &base.inter } else { &base.local };
         let (bf, bi) = (lb.failed_rate(), lb.invalid_rate());
@@ -279,79 +293,22 @@ pub fn build(
         // whose every probe is jittery (software timestamps) has no slow label.
         let base_rtt = s.network_rtt_min_ns.max(s.network_rtt_p50_ns);
         match (routed, shared) {
-            (Some((e, ts, td)), Some(_)) if has_route && !s.flow_labels.is_empty() => {
-                let (Some(fwd), Some(rev)) = (
-                    e.pair_route(ts, td, r.src_gid(p), r.dst_gid(p)),
-                    e.pair_route(td, ts, r.dst_gid(p), r.src_gid(p)),
-                ) else {
+            (Some((e, ts, td)), Some(_)) if has_route && s.has_labels => {
+                let Some(spines) = p.label_spines(r) else {
                     continue;
                 };
-                // Per label: its own links. The path's ends already have its exposure.
-                for l in &s.flow_labels {
-                    let (sf, sr) = (fwd.spine(l.flow_label), rev.spine(l.flow_label));
-                    let links = [
-                        (ts, sf, LinkDir::Up),
-                        (td, sf, LinkDir::Down),
-                        (td, sr, LinkDir::Up),
-                        (ts, sr, LinkDir::Down),
-                    ];
-                    if links.iter().any(|k| skip.links.contains(k)) {
-                        continue;
-                    }
-                    let ln = l.probe_total as f64;
-                    let (lf, li) = (l.probe_failed as f64, l.probe_invalid as f64);
-                    let answered = (ln - lf - li).max(0.0);
-                    let ids = links.map(|k| comps.link(e, k));
-                    let cables = links.map(|k| comps.cable(e, k.0, k.1));
-                    w.grow(comps.len());
-                    for (i, c) in ids.into_iter().zip(cables).enumerate() {
-                        let (rate, per) = if i < 2 { (bf, 1.0) } else { (bi, 2.0) };
-                        for x in [c.0, c.1] {
-                            w.expose(x, ln * rate, per * ln);
-                        }
-                    }
-                    let (distinct, nd) = dedup4(cables);
-                    for &c in ids.iter().chain(&distinct[..nd]) {
-                        w.answered[c as usize] += answered;
-                    }
-                    w.label_answered += answered;
-                    let slow = answered > 0.0
-                        && l.network_rtt_p50_ns >= base_rtt.saturating_add(SLOW_LABEL_EXCESS_NS);
-                    if slow {
-                        w.label_slow += answered;
-                    }
-                    if lf + li > 0.0 || slow {
-                        let mut loss: Vec<(u32, f64)> =
-                            ends.iter().map(|&c| (c, lf + li)).collect();
-                        loss.extend([(ids[0], lf), (ids[1], lf), (ids[2], li), (ids[3], li)]);
-                        // A cable the probe and its ACKs both crossed counts both.
-                        for (i, &c) in cables.iter().enumerate() {
-                            let e = if i < 2 { lf } else { li };
-                            match loss.iter_mut().find(|(x, _)| *x == c) {
-                                Some(entry) => entry.1 += e,
-                                None => loss.push((c, e)),
-                            }
-                        }
-                        loss.retain(|&(_, e)| e > 0.0);
-                        let mut latency = ids.to_vec();
-                        latency.extend_from_slice(&distinct[..nd]);
-                        w.units.push(Unit {
-                            loss,
-                            latency,
-                            slow: if slow { answered } else { 0.0 },
-                            excess_ns: l.network_rtt_p50_ns.saturating_sub(base_rtt),
-                            path: r.index,
-                            label: l.flow_label,
-                            inter,
-                            probes: ln,
-                            failed: lf,
-                            invalid: li,
-                            answered,
-                            in_label_totals: true,
-                            owner: None,
-                        });
-                    }
-                }
+                let path = LabeledPath {
+                    topo: e,
+                    ts,
+                    td,
+                    spines,
+                    ends,
+                    index: r.index,
+                    inter,
+                    rates: (bf, bi),
+                    base_rtt,
+                };
+                path.add(r.s, &mut w, comps, skip, &mut sums);
             }
             (Some((e, ts, td)), Some(spines)) if has_route => {
                 // No per-label detail (a clean window): its probes spread evenly over
@@ -396,9 +353,9 @@ pub fn build(
                             for x in [c, cable] {
                                 w.expose(x, n / k * rate, n / k * per);
                             }
-                            w.answered[c as usize] += answered;
+                            w.answer(c, answered);
                             // Two of the four cross one cable (up and down at one ToR).
-                            w.answered[cable as usize] += answered / 2.0;
+                            w.answer(cable, answered / 2.0);
                         }
                     }
                 }
@@ -424,24 +381,24 @@ pub fn build(
                     let sides = [side_ids[st as usize], side_ids[dt as usize]];
                     for &c in &sides {
                         w.expose(c, n * (bf + bi), 3.0 * n);
-                        w.answered[c as usize] += s.probe_success as f64;
+                        w.answer(c, s.probe_success as f64);
                     }
-                    let slow: f64 = s
-                        .flow_labels
-                        .iter()
-                        .map(|l| {
-                            let a = l.probe_total as f64
-                                - l.probe_failed as f64
-                                - l.probe_invalid as f64;
-                            let slow = l.network_rtt_p50_ns
-                                >= base_rtt.saturating_add(SLOW_LABEL_EXCESS_NS);
-                            if slow {
-                                a.max(0.0)
-                            } else {
-                                0.0
-                            }
-                        })
-                        .sum();
+                    let slow: f64 =
+                        r.s.flow_labels
+                            .iter()
+                            .map(|l| {
+                                let a = l.probe_total as f64
+                                    - l.probe_failed as f64
+                                    - l.probe_invalid as f64;
+                                let slow = l.network_rtt_p50_ns
+                                    >= base_rtt.saturating_add(SLOW_LABEL_EXCESS_NS);
+                                if slow {
+                                    a.max(0.0)
+                                } else {
+                                    0.0
+                                }
+                            })
+                            .sum();
                     w.label_answered += s.probe_success as f64;
                     w.label_slow += slow;
                     unit.loss.extend(sides);
@@ -459,6 +416,186 @@ pub fn build(
     }
     w.grow(comps.len());
     w
+}
+
+/// An inter-ToR path with per-label detail, routed.
+struct LabeledPath<'t, 'e> {
+    topo: &'t Topology,
+    ts: u32,
+    td: u32,
+    /// Per label, the spines of its probe and of its ACKs.
+    spines: &'e [[u32; 2]],
+    /// Its RNICs and ToRs (which already have its exposure).
+    ends: &'e [u32],
+    index: u32,
+    inter: bool,
+    /// Background (lost, incomplete) probes per probe of its class.
+    rates: (f64, f64),
+    /// What a slow label is measured against (ns).
+    base_rtt: u64,
+}
+
+/// One path's labels summed per spine (a path has up to 64 labels over a few spines):
+/// the probes' way, up at the source ToR and down at the destination, and the ACKs' way
+/// back. Each label's links get their share once per spine, not once per label.
+#[derive(Default)]
+struct SpineSums {
+    /// Probes and answered probes per spine, the probes' way and the ACKs'.
+    fwd: Vec<(f64, f64)>,
+    rev: Vec<(f64, f64)>,
+    /// Answered probes whose probe and ACKs crossed the same spine (the cable counts them
+    /// once).
+    same: Vec<f64>,
+    fwd_touched: Vec<u32>,
+    rev_touched: Vec<u32>,
+}
+
+impl SpineSums {
+    fn reset(&mut self, spines: usize) {
+        if self.fwd.len() != spines {
+            self.fwd = vec![(0.0, 0.0); spines];
+            self.rev = vec![(0.0, 0.0); spines];
+            self.same = vec![0.0; spines];
+        }
+        for &x in &self.fwd_touched {
+            self.fwd[x as usize] = (0.0, 0.0);
+        }
+        for &x in &self.rev_touched {
+            self.rev[x as usize] = (0.0, 0.0);
+            self.same[x as usize] = 0.0;
+        }
+        self.fwd_touched.clear();
+        self.rev_touched.clear();
+    }
+
+    fn touch(&mut self, fwd: u32, rev: u32) {
+        if !self.fwd_touched.contains(&fwd) {
+            self.fwd_touched.push(fwd);
+        }
+        if !self.rev_touched.contains(&rev) {
+            self.rev_touched.push(rev);
+        }
+    }
+}
+
+impl LabeledPath<'_, '_> {
+    /// Per label: its own links' exposure and answered probes (summed per spine), and a
+    /// unit for each label that lost, came back incomplete or was slow.
+    fn add(
+        &self,
+        s: &PathSummary,
+        w: &mut WindowEvidence,
+        comps: &mut Components,
+        skip: &Skip<'_>,
+        sums: &mut SpineSums,
+    ) {
+        let (e, ts, td) = (self.topo, self.ts, self.td);
+        let (bf, bi) = self.rates;
+        sums.reset(e.spine_count());
+        // Ids are made in the order a label-by-label pass meets them.
+        let fresh = !(comps.complete(e, ts) && comps.complete(e, td));
+        for (l, &[sf, sr]) in s.flow_labels.iter().zip(self.spines) {
+            let links = [
+                (ts, sf, LinkDir::Up),
+                (td, sf, LinkDir::Down),
+                (td, sr, LinkDir::Up),
+                (ts, sr, LinkDir::Down),
+            ];
+            if !skip.links.is_empty() && links.iter().any(|k| skip.links.contains(k)) {
+                continue;
+            }
+            if fresh {
+                for k in links {
+                    comps.link(e, k);
+                }
+                for k in links {
+                    comps.cable(e, k.0, k.1);
+                }
+            }
+            let ln = l.probe_total as f64;
+            let (lf, li) = (l.probe_failed as f64, l.probe_invalid as f64);
+            let answered = (ln - lf - li).max(0.0);
+            sums.fwd[sf as usize].0 += ln;
+            sums.fwd[sf as usize].1 += answered;
+            sums.rev[sr as usize].0 += ln;
+            sums.rev[sr as usize].1 += answered;
+            if sf == sr {
+                sums.same[sf as usize] += answered;
+            }
+            sums.touch(sf, sr);
+            w.label_answered += answered;
+            let slow = answered > 0.0
+                && l.network_rtt_p50_ns >= self.base_rtt.saturating_add(SLOW_LABEL_EXCESS_NS);
+            if slow {
+                w.label_slow += answered;
+            }
+            if lf + li > 0.0 || slow {
+                let ids = links.map(|k| comps.link(e, k));
+                let cables = links.map(|k| comps.cable(e, k.0, k.1));
+                let mut loss: Vec<(u32, f64)> = self.ends.iter().map(|&c| (c, lf + li)).collect();
+                loss.extend([(ids[0], lf), (ids[1], lf), (ids[2], li), (ids[3], li)]);
+                // A cable the probe and its ACKs both crossed counts both.
+                for (i, &c) in cables.iter().enumerate() {
+                    let ev = if i < 2 { lf } else { li };
+                    match loss.iter_mut().find(|(x, _)| *x == c) {
+                        Some(entry) => entry.1 += ev,
+                        None => loss.push((c, ev)),
+                    }
+                }
+                loss.retain(|&(_, ev)| ev > 0.0);
+                let (distinct, nd) = dedup4(cables);
+                let mut latency = ids.to_vec();
+                latency.extend_from_slice(&distinct[..nd]);
+                w.units.push(Unit {
+                    loss,
+                    latency,
+                    slow: if slow { answered } else { 0.0 },
+                    excess_ns: l.network_rtt_p50_ns.saturating_sub(self.base_rtt),
+                    path: self.index,
+                    label: l.flow_label,
+                    inter: self.inter,
+                    probes: ln,
+                    failed: lf,
+                    invalid: li,
+                    answered,
+                    in_label_totals: true,
+                    owner: None,
+                });
+            }
+        }
+        w.grow(comps.len());
+        // A probe crosses up at ts and down at td on its spine (drops lose it: the lost
+        // rate, once per probe), its ACKs up at td and down at ts on theirs (drops make it
+        // incomplete: the incomplete rate, two ACKs per probe). A cable carries both.
+        for &x in &sums.fwd_touched {
+            let (fp, fa) = sums.fwd[x as usize];
+            for link in [(ts, x, LinkDir::Up), (td, x, LinkDir::Down)] {
+                let c = comps.link(e, link);
+                w.expose(c, fp * bf, fp);
+                w.answer(c, fa);
+            }
+            for t in [ts, td] {
+                let c = comps.cable(e, t, x);
+                w.expose(c, fp * bf, fp);
+                w.answer(c, fa);
+            }
+        }
+        for &x in &sums.rev_touched {
+            let (rp, ra) = sums.rev[x as usize];
+            for link in [(td, x, LinkDir::Up), (ts, x, LinkDir::Down)] {
+                let c = comps.link(e, link);
+                w.expose(c, rp * bi, 2.0 * rp);
+                w.answer(c, ra);
+            }
+            // A label whose probe and ACKs crossed one spine is answered once on a cable.
+            let cable_answered = ra - sums.same[x as usize];
+            for t in [ts, td] {
+                let c = comps.cable(e, t, x);
+                w.expose(c, rp * bi, 2.0 * rp);
+                w.answer(c, cable_answered);
+            }
+        }
+    }
 }
 
 /// Spreads the clean paths summed per ToR over its links: per path and spine, a probe
@@ -499,7 +636,7 @@ fn spread_clean(
                 3.0 * (src_n + dst_n) / k,
             );
             for c in [up, down, cable] {
-                w.answered[c as usize] += answered;
+                w.answer(c, answered);
             }
         }
     }
@@ -529,7 +666,7 @@ struct PathUnit {
 }
 
 /// A whole path as one unit, when it has something to say.
-fn push_path_unit(w: &mut WindowEvidence, path: u32, u: PathUnit, s: &PathSummary, inter: bool) {
+fn push_path_unit(w: &mut WindowEvidence, path: u32, u: PathUnit, s: &PathNumbers, inter: bool) {
     let events = s.probe_failed as f64 + s.invalid_rtt_count as f64;
     if events <= 0.0 && u.slow <= 0.0 {
         return;

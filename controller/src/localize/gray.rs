@@ -22,6 +22,7 @@ use super::evidence::{self, Component, Components, Skip, WindowEvidence};
 use super::hoststat::HostWindow;
 use super::placed::Placed;
 use super::stats::{binomial_glr, binomial_llr, poisson_glr, poisson_llr, poisson_stderr};
+use super::tally::{self, Tally};
 use crate::topology::Topology;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -275,10 +276,10 @@ impl GrayDetector {
         let h = self.history.len();
         let (mut k, mut mu0, mut e, mut n) = (0.0, 0.0, 0.0, 0.0);
         for w in self.history.iter().skip(h - s.min(h)) {
-            let i = c as usize;
-            mu0 += w.mu0.get(i).copied().unwrap_or(0.0);
-            e += w.exposure.get(i).copied().unwrap_or(0.0);
-            n += w.answered.get(i).copied().unwrap_or(0.0);
+            let x = w.at(c);
+            mu0 += x.mu0;
+            e += x.exposure;
+            n += x.answered;
             k += w
                 .units
                 .iter()
@@ -297,14 +298,18 @@ impl GrayDetector {
         }
     }
 
-    /// Puts (c, t)'s unowned units down to it: the whole history, or the newest window.
-    fn claim(&mut self, c: u32, t: Test, newest_only: bool) {
+    /// Puts (c, t)'s unowned units down to it: the whole history, or the newest window;
+    /// a tally of the unowned counts follows.
+    fn claim(&mut self, c: u32, t: Test, newest_only: bool, mut tally: Option<&mut Tally>) {
         let h = self.history.len();
         let from = if newest_only { h - 1 } else { 0 };
-        for w in self.history.iter_mut().skip(from) {
+        for (wi, w) in self.history.iter_mut().enumerate().skip(from) {
             for u in w.units.iter_mut().filter(|u| u.owner.is_none()) {
                 if counts(u, c, t) > 0.0 {
                     u.owner = Some(c);
+                    if let Some(tally) = tally.as_deref_mut() {
+                        tally.remove(wi, u);
+                    }
                 }
             }
         }
@@ -333,7 +338,7 @@ impl GrayDetector {
                 }
             };
             if favours {
-                self.claim(c, t, true);
+                self.claim(c, t, true, None);
                 let a = self.active.get_mut(&(c, t)).expect("active");
                 a.misses = 0;
                 a.k += k;
@@ -352,24 +357,28 @@ impl GrayDetector {
         }
     }
 
-    /// Unowned events per (component, test), per history window (oldest first).
-    fn unowned_counts(&self) -> BTreeMap<(u32, Test), Vec<f64>> {
+    /// (score, effect, run length) of key `k`'s best run of windows ending now.
+    fn best_run(&self, tally: &Tally, k: usize) -> (f64, f64, usize) {
         let h = self.history.len();
-        let mut per: BTreeMap<(u32, Test), Vec<f64>> = BTreeMap::new();
-        for (wi, w) in self.history.iter().enumerate() {
-            for u in w.units.iter().filter(|u| u.owner.is_none()) {
-                for &(c, e) in &u.loss {
-                    per.entry((c, Test::Loss)).or_insert_with(|| vec![0.0; h])[wi] += e;
-                }
-                if u.slow > 0.0 {
-                    for &c in &u.latency {
-                        per.entry((c, Test::Latency))
-                            .or_insert_with(|| vec![0.0; h])[wi] += u.slow;
-                    }
-                }
+        let (c, t) = tally::key_parts(k);
+        let ks = tally.counts(k);
+        let (mut kk, mut mu0, mut e, mut n) = (0.0, 0.0, 0.0, 0.0);
+        let mut top = (f64::MIN, 0.0, 1);
+        // Runs of the last s windows, s = 1..h.
+        for s in 1..=h {
+            let wi = h - s;
+            let w = &self.history[wi];
+            kk += ks[wi];
+            let x = w.at(c);
+            mu0 += x.mu0;
+            e += x.exposure;
+            n += x.answered;
+            let (score, effect) = self.score_of(t, kk, mu0, e, n);
+            if score > top.0 {
+                top = (score, effect, s);
             }
         }
-        per
+        top
     }
 
     /// Names new components, strongest first, while one's evidence passes the bar; the
@@ -377,39 +386,46 @@ impl GrayDetector {
     fn name_new(&mut self, blamed: &mut Vec<(u32, Test)>) {
         let h = self.history.len();
         self.suspects.clear();
+        let mut tally = Tally::new(self.history.iter(), self.comps.len());
+        let touched = std::mem::take(&mut tally.touched);
+        let mut named: Vec<bool> = touched
+            .iter()
+            .map(|&k| self.active.contains_key(&tally::key_parts(k)))
+            .collect();
+        let mut runs: Vec<(f64, f64, usize)> = touched
+            .iter()
+            .zip(&named)
+            .map(|(&k, &a)| {
+                if a {
+                    (f64::MIN, 0.0, 1)
+                } else {
+                    self.best_run(&tally, k)
+                }
+            })
+            .collect();
         loop {
-            let per = self.unowned_counts();
-            let mut best: Option<((u32, Test), f64, f64, usize)> = None;
-            let mut scored = Vec::new();
-            for (&(c, t), ks) in &per {
-                if self.active.contains_key(&(c, t)) {
-                    continue;
-                }
-                let i = c as usize;
-                let (mut k, mut mu0, mut e, mut n) = (0.0, 0.0, 0.0, 0.0);
-                let mut top = (f64::MIN, 0.0, 1);
-                // Runs of the last s windows, s = 1..h.
-                for s in 1..=h {
-                    let wi = h - s;
-                    let w = &self.history[wi];
-                    k += ks[wi];
-                    mu0 += w.mu0.get(i).copied().unwrap_or(0.0);
-                    e += w.exposure.get(i).copied().unwrap_or(0.0);
-                    n += w.answered.get(i).copied().unwrap_or(0.0);
-                    let (score, effect) = self.score_of(t, k, mu0, e, n);
-                    if score > top.0 {
-                        top = (score, effect, s);
-                    }
-                }
-                scored.push(((c, t), top.0));
-                if best.is_none_or(|b| top.0 > b.1) {
-                    best = Some(((c, t), top.0, top.1, top.2));
+            // The strongest; ties to the lowest (component, test).
+            let mut best: Option<(usize, (f64, f64, usize))> = None;
+            for (pos, run) in runs.iter().enumerate() {
+                if !named[pos] && best.is_none_or(|b| run.0 > b.1 .0) {
+                    best = Some((pos, *run));
                 }
             }
             match best {
-                Some(((c, t), score, effect, s)) if score >= self.params.open_score => {
-                    let (k, mu0, e, n) = self.sums(c, t, s);
-                    self.claim(c, t, false);
+                Some((pos, (score, effect, s))) if score >= self.params.open_score => {
+                    let (c, t) = tally::key_parts(touched[pos]);
+                    let (mut k, mut mu0, mut e, mut n) = (0.0, 0.0, 0.0, 0.0);
+                    let ks = tally.counts(touched[pos]);
+                    // The run of the last s windows, oldest first.
+                    let from = h - s.min(h);
+                    for (w, &kw) in self.history.iter().zip(ks).skip(from) {
+                        let x = w.at(c);
+                        mu0 += x.mu0;
+                        e += x.exposure;
+                        n += x.answered;
+                        k += kw;
+                    }
+                    self.claim(c, t, false, Some(&mut tally));
                     let mut a = Active::new(effect, score);
                     a.k = k;
                     a.mu0 = mu0;
@@ -418,16 +434,31 @@ impl GrayDetector {
                     a.answered = n;
                     self.active.insert((c, t), a);
                     blamed.push((c, t));
+                    named[pos] = true;
+                    for (p, &key) in touched.iter().enumerate() {
+                        if tally.take_dirty(key) && !named[p] {
+                            runs[p] = self.best_run(&tally, key);
+                        }
+                    }
                 }
                 _ => {
-                    scored.retain(|(_, s)| *s >= self.params.suspect_score);
+                    let mut scored: Vec<(usize, f64)> = touched
+                        .iter()
+                        .zip(&runs)
+                        .zip(&named)
+                        .filter(|((_, r), &a)| !a && r.0 >= self.params.suspect_score)
+                        .map(|((&k, r), _)| (k, r.0))
+                        .collect();
                     scored.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
                     self.suspects = scored
                         .into_iter()
-                        .map(|((c, t), score)| Suspect {
-                            component: self.comps.list[c as usize].clone(),
-                            test: t,
-                            score,
+                        .map(|(k, score)| {
+                            let (c, t) = tally::key_parts(k);
+                            Suspect {
+                                component: self.comps.list[c as usize].clone(),
+                                test: t,
+                                score,
+                            }
                         })
                         .collect();
                     return;
@@ -460,8 +491,8 @@ impl GrayDetector {
         let excess_ns = ex.get(ex.len().saturating_sub(1) / 2).copied().unwrap_or(0);
         // The size now when this window says enough (a fault that grew: an RNIC going
         // down after losing a little), else over every window it was blamed in.
-        let i = c as usize;
-        let (mu_now, e_now) = (newest.mu0[i], newest.exposure[i]);
+        let now = newest.at(c);
+        let (mu_now, e_now) = (now.mu0, now.exposure);
         let loss = if t == Test::Loss && events >= 10.0 && e_now > 0.0 {
             (
                 ((events - mu_now) / e_now).max(0.0),

@@ -85,7 +85,7 @@ pub fn gather(p: &Placed, base: &Baseline) -> HostWindow {
     let mut hosts = vec![HostDelays::default(); p.hosts.names.len()];
     let mut all = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
     for r in &p.paths {
-        let s = r.s;
+        let s = &r.n;
         if s.probe_success < MIN_ANSWERED {
             continue;
         }
@@ -101,11 +101,11 @@ pub fn gather(p: &Placed, base: &Baseline) -> HostWindow {
         responder_p99: bar(&base.responder_p99, &all[3]),
     };
     for r in &p.paths {
-        let s = r.s;
+        let s = &r.n;
         if s.probe_success < MIN_ANSWERED {
             continue;
         }
-        let (hs, hd) = (p.host_of(r.src) as usize, p.host_of(r.dst) as usize);
+        let (hs, hd) = (r.hosts[0] as usize, r.hosts[1] as usize);
         for (h, d50, d99, b50, b99, prober) in [
             (
                 hs,
@@ -199,11 +199,11 @@ impl HostWindow {
     /// Teaches the baseline this window's delays, leaving out the hosts in `skip`.
     pub fn learn(&self, p: &Placed, base: &mut Baseline, skip: &[bool]) {
         for r in &p.paths {
-            let s = r.s;
+            let s = &r.n;
             if s.probe_success < MIN_ANSWERED {
                 continue;
             }
-            let (hs, hd) = (p.host_of(r.src) as usize, p.host_of(r.dst) as usize);
+            let (hs, hd) = (r.hosts[0] as usize, r.hosts[1] as usize);
             if !skip[hs] {
                 learn_one(
                     &mut base.prober_p50,

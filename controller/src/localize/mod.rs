@@ -310,15 +310,23 @@ impl Localizer {
                 _ => {}
             }
         }
+        let rnic_named: Vec<bool> = placed
+            .rnics
+            .iter()
+            .map(|rn| named_rnics.contains(&rn.gid))
+            .collect();
+        let tor_named: Vec<bool> = placed
+            .tors
+            .names
+            .iter()
+            .map(|t| named_tors.contains(&t.as_str()))
+            .collect();
         let mut skip = vec![false; paths.len()];
         for r in &placed.paths {
-            let ends = [r.src, r.dst];
-            let named = ends.iter().any(|&x| {
-                let rn = &placed.rnics[x as usize];
-                named_rnics.contains(&rn.gid)
-                    || named_tors.contains(&placed.tors.names[rn.tor as usize].as_str())
-            });
-            if named || ends.iter().any(|&x| skip_host[placed.host_of(x) as usize]) {
+            let named = rnic_named[r.src as usize]
+                || rnic_named[r.dst as usize]
+                || r.tors.iter().any(|&t| tor_named[t as usize]);
+            if named || r.hosts.iter().any(|&h| skip_host[h as usize]) {
                 skip[r.index as usize] = true;
             }
         }
@@ -488,6 +496,7 @@ mod naming;
 mod placed;
 mod rules;
 mod stats;
+mod tally;
 
 pub use baseline::Baseline;
 pub use evidence::Component;

@@ -12,17 +12,18 @@ use super::{
     MIN_LINK_FAILURES, MIN_SLOW_TUPLES, SLOW_LINK_SHARE,
 };
 use crate::localize::{Blame, ComponentKind, LocalizerParams, Symptom};
-use crate::topology::{DirLink, LinkDir, PairRoute, Topology};
+use crate::topology::{DirLink, LinkDir, Topology};
 
 impl Window<'_> {
     /// Step 4 with an ECMP model: per-label tomography over the ToR-spine links.
     pub(super) fn link_step(&mut self, topo: &Topology) {
         let excess = self.params.latency_excess_ns;
         let mut tomo = Tomography::new(topo);
+        let mut per_spine = PerSpine::default();
         // Label-less paths per ToR at either end: (probes, failed, answered).
         let mut spread: Vec<(f64, f64, f64)> = vec![(0.0, 0.0, 0.0); topo.tor_count()];
         for (ri, r) in self.recs.iter().enumerate() {
-            let (st, dt) = (self.tor_of(r.src), self.tor_of(r.dst));
+            let [st, dt] = r.tors;
             if r.explained || st == dt {
                 continue;
             }
@@ -30,7 +31,7 @@ impl Window<'_> {
             else {
                 continue;
             };
-            if r.s.flow_labels.is_empty() {
+            if !r.n.has_labels {
                 // No per-label detail (a clean window, or an agent without it): its
                 // probes spread evenly over the spines the two ToRs share. Most paths
                 // are like this; they are summed per (ToR, direction) and spread over
@@ -38,9 +39,9 @@ impl Window<'_> {
                 if topo.uplinks(ts) == topo.uplinks(td) {
                     for t in [ts, td] {
                         let e = &mut spread[t as usize];
-                        e.0 += r.s.probe_total as f64;
-                        e.1 += r.s.probe_failed as f64;
-                        e.2 += r.s.probe_success as f64;
+                        e.0 += r.n.probe_total as f64;
+                        e.1 += r.n.probe_failed as f64;
+                        e.2 += r.n.probe_success as f64;
                     }
                     continue;
                 }
@@ -54,37 +55,40 @@ impl Window<'_> {
                         (ts, s, LinkDir::Down),
                     ] {
                         let a = tomo.acc(l);
-                        a.total += r.s.probe_total as f64 / k;
-                        a.failed += r.s.probe_failed as f64 / k;
-                        a.answered += r.s.probe_success as f64 / k;
+                        a.total += r.n.probe_total as f64 / k;
+                        a.failed += r.n.probe_failed as f64 / k;
+                        a.answered += r.n.probe_success as f64 / k;
                     }
                 }
                 continue;
             }
-            let (sg, dg) = (
-                self.p.rnics[r.src as usize].gid,
-                self.p.rnics[r.dst as usize].gid,
-            );
-            let (Some(fwd), Some(rev)) = (
-                topo.pair_route(ts, td, sg, dg),
-                topo.pair_route(td, ts, dg, sg),
-            ) else {
+            let Some(spines) = self.p.label_spines(r) else {
                 continue;
             };
-            let base = r.s.network_rtt_min_ns;
+            let base = r.n.network_rtt_min_ns;
             let labeled = Labeled {
                 rec: ri as u32,
                 ts,
                 td,
-                fwd,
-                rev,
+                spines,
                 base,
             };
-            for l in &r.s.flow_labels {
+            // Summed per spine first (a path's labels share a few spines), then once
+            // into each link: the counts are whole probes, so the order cannot matter.
+            per_spine.reset(topo.spine_count());
+            for (l, &[sf, sr]) in r.s.flow_labels.iter().zip(spines) {
                 let t = LabelCounts::new(l, base, excess);
-                for link in labeled.links(l.flow_label) {
-                    tomo.acc(link).add(&t, 1.0);
-                }
+                per_spine.fwd[sf as usize].add(&t, 1.0);
+                per_spine.rev[sr as usize].add(&t, 1.0);
+                per_spine.touch(sf);
+                per_spine.touch(sr);
+            }
+            for &x in &per_spine.touched {
+                let (f, b) = (&per_spine.fwd[x as usize], &per_spine.rev[x as usize]);
+                tomo.acc((ts, x, LinkDir::Up)).merge(f);
+                tomo.acc((td, x, LinkDir::Down)).merge(f);
+                tomo.acc((td, x, LinkDir::Up)).merge(b);
+                tomo.acc((ts, x, LinkDir::Down)).merge(b);
             }
             tomo.labeled.push(labeled);
         }
@@ -166,7 +170,7 @@ impl Window<'_> {
         let mut sides: HashMap<u32, SideAcc> = HashMap::new();
         let mut tuples: Vec<SideTuple> = Vec::new();
         for (ri, r) in self.recs.iter().enumerate() {
-            let (st, dt) = (self.tor_of(r.src), self.tor_of(r.dst));
+            let [st, dt] = r.tors;
             if r.explained || st == dt {
                 continue;
             }
@@ -175,27 +179,27 @@ impl Window<'_> {
                     .iter()
                     .filter(|l| {
                         l.probe_total > l.probe_failed
-                            && l.network_rtt_p50_ns >= r.s.network_rtt_min_ns.saturating_add(excess)
+                            && l.network_rtt_p50_ns >= r.n.network_rtt_min_ns.saturating_add(excess)
                     })
                     .count();
             let slow = if r.s.flow_labels.is_empty() {
-                r.s.probe_success > 0
-                    && r.s.network_rtt_p50_ns >= r.s.network_rtt_min_ns.saturating_add(excess)
+                r.n.probe_success > 0
+                    && r.n.network_rtt_p50_ns >= r.n.network_rtt_min_ns.saturating_add(excess)
             } else {
                 slow_labels * 5 >= r.s.flow_labels.len()
             };
-            let answered = r.s.probe_success as f64;
+            let answered = r.n.probe_success as f64;
             let t = SideTuple {
                 tors: [st, dt],
                 counts: LabelCounts {
-                    total: r.s.probe_total as f64,
-                    failed: r.s.probe_failed as f64,
+                    total: r.n.probe_total as f64,
+                    failed: r.n.probe_failed as f64,
                     answered,
                     slow_answered: if slow { answered } else { 0.0 },
                     excess: r
-                        .s
+                        .n
                         .network_rtt_p99_ns
-                        .saturating_sub(r.s.network_rtt_min_ns),
+                        .saturating_sub(r.n.network_rtt_min_ns),
                 },
                 rec: ri as u32,
                 removed: false,
@@ -285,22 +289,23 @@ impl LabelCounts {
 
 /// An inter-ToR path with per-label detail, routed: its labels' tuples are walked again
 /// when a link they cross is taken.
-struct Labeled<'t> {
+struct Labeled<'a> {
     /// Index into the window's records.
     rec: u32,
     ts: u32,
     td: u32,
-    fwd: PairRoute<'t>,
-    rev: PairRoute<'t>,
+    /// Per label, the spines of its probe and of its ACKs.
+    spines: &'a [[u32; 2]],
     /// Its fastest probe (ns), what a slow label is measured against.
     base: u64,
 }
 
 impl Labeled<'_> {
-    /// The four directed links a probe and its ACKs cross: up and down of the probe, up
-    /// and down of the ACKs (which take the probe's label, so usually another spine).
-    fn links(&self, label: u32) -> [DirLink; 4] {
-        let (sf, sr) = (self.fwd.spine(label), self.rev.spine(label));
+    /// The four directed links label `i`'s probe and ACKs cross: up and down of the
+    /// probe, up and down of the ACKs (which take the probe's label, so usually another
+    /// spine).
+    fn links(&self, i: usize) -> [DirLink; 4] {
+        let [sf, sr] = self.spines[i];
         [
             (self.ts, sf, LinkDir::Up),
             (self.td, sf, LinkDir::Down),
@@ -386,7 +391,7 @@ impl<'t> Tomography<'t> {
         for &e in &by_tor[link.0 as usize] {
             let lab = &labeled[e as usize];
             for (li, l) in recs[lab.rec as usize].s.flow_labels.iter().enumerate() {
-                let crossed = lab.links(l.flow_label);
+                let crossed = lab.links(li);
                 if !crossed.contains(&link) || !gone.insert((e, li as u32)) {
                     continue;
                 }
@@ -401,6 +406,34 @@ impl<'t> Tomography<'t> {
             }
         }
         links[i].clone()
+    }
+}
+
+/// One path's labels summed per spine: the probes' way and the ACKs' way.
+#[derive(Default)]
+struct PerSpine {
+    fwd: Vec<LinkAcc>,
+    rev: Vec<LinkAcc>,
+    touched: Vec<u32>,
+}
+
+impl PerSpine {
+    fn reset(&mut self, spines: usize) {
+        if self.fwd.len() != spines {
+            self.fwd = vec![LinkAcc::default(); spines];
+            self.rev = vec![LinkAcc::default(); spines];
+        }
+        for &x in &self.touched {
+            self.fwd[x as usize] = LinkAcc::default();
+            self.rev[x as usize] = LinkAcc::default();
+        }
+        self.touched.clear();
+    }
+
+    fn touch(&mut self, x: u32) {
+        if !self.touched.contains(&x) {
+            self.touched.push(x);
+        }
     }
 }
 
@@ -428,6 +461,14 @@ struct LinkAcc {
 }
 
 impl LinkAcc {
+    fn merge(&mut self, o: &LinkAcc) {
+        self.total += o.total;
+        self.failed += o.failed;
+        self.answered += o.answered;
+        self.slow_answered += o.slow_answered;
+        self.slow_tuples += o.slow_tuples;
+    }
+
     fn add(&mut self, t: &LabelCounts, sign: f64) {
         self.total += sign * t.total;
         self.failed += sign * t.failed;

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use rpingmesh_proto::controller_agent::PathSummary;
 use rpingmesh_proto::operator::{FindingEvidence, FindingPath};
 
-use super::placed::{Placed, WindowPath};
+use super::placed::{Placed, PlacedPath, WindowPath};
 use super::{Blame, ComponentKind, Inventory, LocalizerParams, Symptom};
 use crate::topology::{DirLink, Topology};
 
@@ -35,20 +35,24 @@ const MANY_LINKS: usize = 3;
 /// Slow (pair, label) tuples a link needs before it is blamed for latency.
 const MIN_SLOW_TUPLES: f64 = 3.0;
 
+/// A placed path with the rules' marks on it (it reads as the path: `r.n`, `r.src`...).
 struct Rec<'a> {
-    s: &'a PathSummary,
-    /// Index in the window's path list.
-    index: u32,
-    src: u32,
-    dst: u32,
+    path: &'a PlacedPath<'a>,
     explained: bool,
     /// Explained by a blame (not only grazed): the gray detector leaves it out.
     blamed: bool,
 }
 
+impl<'a> std::ops::Deref for Rec<'a> {
+    type Target = PlacedPath<'a>;
+    fn deref(&self) -> &PlacedPath<'a> {
+        self.path
+    }
+}
+
 impl Rec<'_> {
     fn loss(&self) -> f64 {
-        ratio(self.s.probe_failed as f64, self.s.probe_total as f64)
+        ratio(self.n.probe_failed as f64, self.n.probe_total as f64)
     }
 }
 
@@ -164,10 +168,7 @@ pub fn explain_window<'a>(
             .paths
             .iter()
             .map(|r| Rec {
-                s: r.s,
-                index: r.index,
-                src: r.src,
-                dst: r.dst,
+                path: r,
                 explained: skip[r.index as usize],
                 blamed: false,
             })
@@ -195,16 +196,8 @@ pub fn explain_window<'a>(
 }
 
 impl Window<'_> {
-    fn host_of(&self, r: u32) -> u32 {
-        self.p.host_of(r)
-    }
-
-    fn tor_of(&self, r: u32) -> u32 {
-        self.p.tor_of(r)
-    }
-
     fn is_lossy(&self, r: &Rec<'_>) -> bool {
-        r.s.probe_failed >= LOSSY_PATH_MIN_FAILED && r.loss() > self.params.loss_ratio
+        r.n.probe_failed >= LOSSY_PATH_MIN_FAILED && r.loss() > self.params.loss_ratio
     }
 
     /// Step 1: a host whose endpoint delays (its prober's on the paths it probes, its
@@ -216,14 +209,14 @@ impl Window<'_> {
         let mut responder: Vec<Vec<u64>> = vec![Vec::new(); n];
         let mut tails: Vec<Vec<u64>> = vec![Vec::new(); n];
         for r in &self.recs {
-            if r.s.probe_success == 0 {
+            if r.n.probe_success == 0 {
                 continue;
             }
-            let (hs, hd) = (self.host_of(r.src) as usize, self.host_of(r.dst) as usize);
-            prober[hs].push(r.s.prober_delay_p50_ns);
-            responder[hd].push(r.s.responder_delay_p50_ns);
-            tails[hs].push(r.s.prober_delay_p99_ns);
-            tails[hd].push(r.s.responder_delay_p99_ns);
+            let (hs, hd) = (r.hosts[0] as usize, r.hosts[1] as usize);
+            prober[hs].push(r.n.prober_delay_p50_ns);
+            responder[hd].push(r.n.responder_delay_p50_ns);
+            tails[hs].push(r.n.prober_delay_p99_ns);
+            tails[hd].push(r.n.responder_delay_p99_ns);
         }
         let threshold = self.params.host_delay_ns;
         let mut stalled = Vec::new();
@@ -245,7 +238,7 @@ impl Window<'_> {
         }
         for h in grazed {
             for r in self.recs.iter_mut() {
-                if [r.src, r.dst].map(|x| self.p.host_of(x)).contains(&h) {
+                if r.hosts.contains(&h) {
                     r.explained = true;
                 }
             }
@@ -254,13 +247,13 @@ impl Window<'_> {
             let mut ev = Evidence::default();
             let mut rtt = Vec::new();
             for r in self.recs.iter_mut() {
-                let on = [r.src, r.dst].map(|x| self.p.host_of(x));
+                let on = r.hosts;
                 if on.contains(&h) {
                     r.explained = true;
                     r.blamed = true;
                     ev.add(r.s);
-                    if r.s.probe_success > 0 {
-                        rtt.push(r.s.network_rtt_p50_ns);
+                    if r.n.probe_success > 0 {
+                        rtt.push(r.n.network_rtt_p50_ns);
                     }
                 }
             }
@@ -288,9 +281,9 @@ impl Window<'_> {
         let mut st = vec![RnicStat::default(); self.p.rnics.len()];
         for r in self.recs.iter().filter(|r| !r.explained) {
             let lossy = self.is_lossy(r) as u32;
-            let touched = (r.s.probe_failed > 0) as u32;
-            let local = self.tor_of(r.src) == self.tor_of(r.dst);
-            let (t, f) = (r.s.probe_total as u64, r.s.probe_failed as u64);
+            let touched = (r.n.probe_failed > 0) as u32;
+            let local = r.tors[0] == r.tors[1];
+            let (t, f) = (r.n.probe_total as u64, r.n.probe_failed as u64);
             for (x, out) in [(r.src, true), (r.dst, false)] {
                 let s = &mut st[x as usize];
                 if out {
@@ -334,7 +327,7 @@ impl Window<'_> {
             }
             let mut ev = Evidence::default();
             for r in self.recs.iter_mut() {
-                let on = [r.src, r.dst].map(|x| self.p.tor_of(x));
+                let on = r.tors;
                 if on.contains(&tor) {
                     r.blamed = true;
                     if !r.explained {
