@@ -509,6 +509,8 @@ use placed::Placed;
 pub use placed::WindowPath;
 
 #[cfg(test)]
+mod evidence_tests;
+#[cfg(test)]
 mod gray_tests;
 #[cfg(test)]
 mod tests;

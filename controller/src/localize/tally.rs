@@ -112,6 +112,68 @@ impl Tally {
 mod tests {
     use super::*;
 
+    fn unit(loss: &[(u32, f64)], latency: &[u32], slow: f64) -> Unit {
+        Unit {
+            loss: loss.to_vec(),
+            latency: latency.to_vec(),
+            slow,
+            excess_ns: 0,
+            path: 0,
+            label: 0,
+            inter: true,
+            probes: 10.0,
+            failed: 0.0,
+            invalid: 0.0,
+            answered: 10.0,
+            in_label_totals: true,
+            owner: None,
+        }
+    }
+
+    fn window(units: Vec<Unit>) -> WindowEvidence {
+        WindowEvidence {
+            exposures: Vec::new(),
+            units,
+            totals: [(0.0, 0.0, 0.0); 2],
+            label_answered: 0.0,
+            label_slow: 0.0,
+        }
+    }
+
+    #[test]
+    fn a_claimed_unit_leaves_exactly_what_it_counted() {
+        let mut history = vec![
+            window(vec![unit(&[(1, 2.0), (2, 2.0)], &[], 0.0)]),
+            window(vec![
+                unit(&[(1, 1.0), (3, 1.0)], &[3, 4], 5.0),
+                unit(&[], &[4], 2.0),
+            ]),
+        ];
+        let mut t = Tally::new(history.iter(), 5);
+        assert_eq!(
+            t.touched,
+            vec![
+                key(1, Test::Loss),
+                key(2, Test::Loss),
+                key(3, Test::Loss),
+                key(3, Test::Latency),
+                key(4, Test::Latency)
+            ]
+        );
+        assert_eq!(t.counts(key(1, Test::Loss)), &[2.0, 1.0]);
+        assert_eq!(t.counts(key(4, Test::Latency)), &[0.0, 7.0]);
+        // Window 1's first unit is claimed: its counts leave, the others stay.
+        history[1].units[0].owner = Some(3);
+        t.remove(1, &history[1].units[0]);
+        let fresh = Tally::new(history.iter(), 5);
+        for k in 0..10 {
+            assert_eq!(t.counts(k), fresh.counts(k), "key {k}");
+        }
+        assert!(t.take_dirty(key(1, Test::Loss)) && t.take_dirty(key(4, Test::Latency)));
+        assert!(!t.take_dirty(key(2, Test::Loss)), "untouched by the claim");
+        assert!(!t.take_dirty(key(1, Test::Loss)), "cleared");
+    }
+
     #[test]
     fn keys_round_trip_and_sort_by_component_then_test() {
         for c in [0u32, 1, 7, 1 << 20] {

@@ -20,7 +20,9 @@
 //! `--gray-scenarios N` (default 192), `--fault-free-hours H` (black, default 24),
 //! `--day-hours H` (default 24), `--seed S`, `--jobs J` (default: available cores),
 //! `--focus-ablation N` / `--rules-ablation N` (default 48 each, 0 = none), `--rules-only`,
-//! `--no-focus`, `--quick` (a smoke: 16 + 16 scenarios, 1 + 1 hours, no ablations),
+//! `--no-focus`, `--probe-interval-ms MS` (the agents' probe interval, default 500: a
+//! sparser base probing shows what adaptive probing adds), `--quick` (a smoke: 16 + 16
+//! scenarios, 1 + 1 hours, no ablations),
 //! `--only N` / `--only-gray N`
 //! (that scenario alone, its findings printed).
 
@@ -59,6 +61,9 @@ struct Args {
     focus_ablation: usize,
     /// Also run the first N gray scenarios with the rules alone (the before/after table).
     rules_ablation: usize,
+    /// The agents' `probe_interval_ms` (a sparser base probing shows what adaptive
+    /// probing adds).
+    probe_interval_ms: Option<u64>,
 }
 
 fn parse() -> Result<Args, String> {
@@ -77,6 +82,7 @@ fn parse() -> Result<Args, String> {
         no_focus: false,
         focus_ablation: 48,
         rules_ablation: 48,
+        probe_interval_ms: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -99,6 +105,9 @@ fn parse() -> Result<Args, String> {
             "--no-focus" => a.no_focus = true,
             "--focus-ablation" => a.focus_ablation = value("--focus-ablation")? as usize,
             "--rules-ablation" => a.rules_ablation = value("--rules-ablation")? as usize,
+            "--probe-interval-ms" => {
+                a.probe_interval_ms = Some(value("--probe-interval-ms")?.max(1))
+            }
             "--quick" => {
                 a.scenarios = 16;
                 a.gray_scenarios = 16;
@@ -350,6 +359,7 @@ fn gray_suite(a: &Args, opts: &SimOptions) {
             "probes": probes,
             "focus_probes": focus,
             "focus_share": if probes > 0 { focus as f64 / probes as f64 } else { 0.0 },
+            "probe_interval_ms": opts.probe_interval_ms,
             "wall_sec": suite_wall,
             "jobs": a.jobs,
             "seed": a.seed,
@@ -482,6 +492,7 @@ fn focus_ablation(a: &Args, opts: &SimOptions, with: &[ScenarioScore]) {
                 "detection_windows_p95_with": p95_on,
                 "detection_windows_p95_without": p95_off,
                 "scenarios": n,
+                "probe_interval_ms": opts.probe_interval_ms,
             })
         );
     }
@@ -501,6 +512,9 @@ fn main() {
     }
     if a.no_focus {
         opts.focus.max_components = 0;
+    }
+    if let Some(ms) = a.probe_interval_ms {
+        opts.probe_interval_ms = ms;
     }
     let only = match (a.only, a.only_gray) {
         (Some(i), _) => Some(suite_scenario(a.seed, i)),
