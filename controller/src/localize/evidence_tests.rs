@@ -12,7 +12,7 @@ use rpingmesh_proto::controller_agent::{FlowLabelStats, PathSummary};
 use super::baseline::Baseline;
 use super::evidence::{build, Component, Components, Exposure, Skip};
 use super::placed::{Placed, WindowPath};
-use crate::topology::{EcmpModel, LinkDir, Topology};
+use crate::topology::{LinkDir, Topology};
 
 const TORS: usize = 4;
 const RNICS: usize = 3;

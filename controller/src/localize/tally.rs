@@ -142,7 +142,7 @@ mod tests {
 
     #[test]
     fn a_claimed_unit_leaves_exactly_what_it_counted() {
-        let mut history = vec![
+        let mut history = [
             window(vec![unit(&[(1, 2.0), (2, 2.0)], &[], 0.0)]),
             window(vec![
                 unit(&[(1, 1.0), (3, 1.0)], &[3, 4], 5.0),
