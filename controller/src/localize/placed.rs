@@ -123,15 +123,6 @@ pub struct PlacedPath<'a> {
     routed: Option<u32>,
 }
 
-impl PlacedPath<'_> {
-    pub fn src_gid<'p>(&self, p: &'p Placed<'_>) -> &'p str {
-        p.rnics[self.src as usize].gid
-    }
-    pub fn dst_gid<'p>(&self, p: &'p Placed<'_>) -> &'p str {
-        p.rnics[self.dst as usize].gid
-    }
-}
-
 pub struct Placed<'a> {
     pub rnics: Vec<RnicPlace<'a>>,
     pub hosts: Names,
@@ -263,16 +254,9 @@ impl<'a> Placed<'a> {
         i
     }
 
-    pub fn host_of(&self, r: u32) -> u32 {
-        self.rnics[r as usize].host
-    }
-
-    pub fn tor_of(&self, r: u32) -> u32 {
-        self.rnics[r as usize].tor
-    }
-
-    /// The topology index of RNIC `r`'s ToR.
-    pub fn topo_tor_of(&self, r: u32) -> Option<u32> {
-        self.topo_tors[self.tor_of(r) as usize]
+    /// The topology indices of a path's two ToRs.
+    pub fn topo_tors_of(&self, r: &PlacedPath<'_>) -> (Option<u32>, Option<u32>) {
+        let [a, b] = r.tors;
+        (self.topo_tors[a as usize], self.topo_tors[b as usize])
     }
 }

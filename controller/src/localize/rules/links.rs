@@ -27,8 +27,7 @@ impl Window<'_> {
             if r.explained || st == dt {
                 continue;
             }
-            let (Some(ts), Some(td)) = (self.p.topo_tor_of(r.src), self.p.topo_tor_of(r.dst))
-            else {
+            let (Some(ts), Some(td)) = self.p.topo_tors_of(r) else {
                 continue;
             };
             if !r.n.has_labels {
