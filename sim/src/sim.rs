@@ -233,6 +233,8 @@ pub struct SimOutcome {
     /// The strongest evidence (nats) the gray detector saw short of naming a component:
     /// on a fault-free run, the margin to its naming bar.
     pub max_suspect_score: f64,
+    /// Which component and test that was, and when (empty: none).
+    pub max_suspect: String,
 }
 
 impl SimOutcome {
@@ -287,6 +289,7 @@ pub struct Sim {
     finding_pos: HashMap<u64, usize>,
     /// The strongest evidence (nats) the gray detector had short of naming something.
     max_suspect_score: f64,
+    max_suspect: String,
     /// The controller's FOCUS lists; windows localized when they were last planned; per
     /// host, the generation its agent last fetched.
     focus: FocusPlanner,
@@ -421,6 +424,7 @@ impl Sim {
             findings: Vec::new(),
             finding_pos: HashMap::new(),
             max_suspect_score: 0.0,
+            max_suspect: String::new(),
             focus: FocusPlanner::new(opts.focus),
             focus_windows: 0,
             focus_seen: vec![0; host_count],
@@ -582,6 +586,7 @@ impl Sim {
             virtual_sec: self.now as f64 / 1e9,
             wall_sec: self.wall,
             max_suspect_score: self.max_suspect_score,
+            max_suspect: self.max_suspect.clone(),
         }
     }
 
@@ -720,7 +725,10 @@ impl Sim {
             // findings tick does).
             self.focus_windows = l.baseline_windows();
             if let Some(s) = l.suspects().first() {
-                self.max_suspect_score = self.max_suspect_score.max(s.score);
+                if s.score > self.max_suspect_score {
+                    self.max_suspect_score = s.score;
+                    self.max_suspect = format!("{:?} {:?} at {} s", s.component, s.test, v / NS);
+                }
             }
             self.focus.update(
                 l.suspects(),

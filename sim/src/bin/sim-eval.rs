@@ -18,7 +18,7 @@
 //!
 //! `--suite black|gray|all` (default all), `--scenarios N` (black, default 304),
 //! `--gray-scenarios N` (default 192), `--fault-free-hours H` (black, default 24),
-//! `--day-hours H` (default 24), `--seed S`, `--jobs J` (default: available cores),
+//! `--day-hours H` (default 24; `--day-first H` starts the day at that hour), `--seed S`, `--jobs J` (default: available cores),
 //! `--focus-ablation N` / `--rules-ablation N` (default 48 each, 0 = none), `--rules-only`,
 //! `--no-focus`, `--probe-interval-ms MS` (the agents' probe interval, default 500: a
 //! sparser base probing shows what adaptive probing adds), `--quick` (a smoke: 16 + 16
@@ -48,6 +48,8 @@ struct Args {
     gray_scenarios: usize,
     fault_free_hours: u64,
     day_hours: u64,
+    /// The day's first hour (to run part of a day again).
+    day_first: u64,
     seed: u64,
     jobs: usize,
     /// Run only that scenario and print its findings (for whoever tunes the analyzer).
@@ -74,6 +76,7 @@ fn parse() -> Result<Args, String> {
         gray_scenarios: 192,
         fault_free_hours: 24,
         day_hours: 24,
+        day_first: 0,
         seed: 2026,
         jobs: std::thread::available_parallelism().map_or(1, |n| n.get()),
         only: None,
@@ -97,6 +100,7 @@ fn parse() -> Result<Args, String> {
             "--gray-scenarios" => a.gray_scenarios = value("--gray-scenarios")? as usize,
             "--fault-free-hours" => a.fault_free_hours = value("--fault-free-hours")?,
             "--day-hours" => a.day_hours = value("--day-hours")?,
+            "--day-first" => a.day_first = value("--day-first")?,
             "--seed" => a.seed = value("--seed")?,
             "--jobs" => a.jobs = (value("--jobs")? as usize).max(1),
             "--only" => a.only = Some(value("--only")? as usize),
@@ -373,7 +377,8 @@ fn gray_suite(a: &Args, opts: &SimOptions) {
     }
     let t1 = Instant::now();
     let hours = a.day_hours as usize;
-    let day: Vec<(usize, u64, u64, f64)> = parallel(hours, a.jobs, |h| {
+    let day: Vec<(usize, u64, u64, f64)> = parallel(hours, a.jobs, |i| {
+        let h = a.day_first as usize + i;
         let s = fault_free_hour(a.seed, h);
         let out = try_run(&s, opts).unwrap_or_else(|e| panic!("fault-free day hour {h}: {e}"));
         for f in &out.findings {
@@ -382,6 +387,10 @@ fn gray_suite(a: &Args, opts: &SimOptions) {
                 f.kind, f.location, f.symptom, f.opened_sec, f.evidence.detail
             );
         }
+        eprintln!(
+            "sim-eval: fault-free day hour {h}: strongest suspect {:.1} nats: {}",
+            out.max_suspect_score, out.max_suspect
+        );
         (
             out.findings.len(),
             out.probes.sent,
