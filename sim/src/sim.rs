@@ -235,6 +235,8 @@ pub struct SimOutcome {
     pub max_suspect_score: f64,
     /// Which component and test that was, and when (empty: none).
     pub max_suspect: String,
+    /// The gray detector's naming bar (nats) at the end of the run.
+    pub gray_bar: f64,
 }
 
 impl SimOutcome {
@@ -587,6 +589,7 @@ impl Sim {
             wall_sec: self.wall,
             max_suspect_score: self.max_suspect_score,
             max_suspect: self.max_suspect.clone(),
+            gray_bar: self.analyzer.localizer().gray_bar(),
         }
     }
 

@@ -29,8 +29,15 @@ use crate::topology::Topology;
 pub struct GrayParams {
     /// Windows of evidence a score may sum (the longest run it considers).
     pub history_windows: usize,
-    /// Evidence (nats) that names a component.
+    /// Evidence (nats) that names a component, at least: the bar rises with the number
+    /// of tests a day makes (see `false_findings_per_day`).
     pub open_score: f64,
+    /// The fleet's budget of findings by chance per day. A likelihood ratio of e^x
+    /// passes by chance with a probability of at most about e^-x under the baseline, and
+    /// a day tests every component in every window over every run of windows: the bar
+    /// is ln(tests a day / budget), so it grows with the fleet (a fixed bar that is
+    /// safe for a hundred RNICs names a component by chance every day at 100,000).
+    pub false_findings_per_day: f64,
     /// Evidence that makes it a suspect: its paths get more probes, the baseline does
     /// not learn from it.
     pub suspect_score: f64,
@@ -47,6 +54,7 @@ impl Default for GrayParams {
         GrayParams {
             history_windows: 4,
             open_score: 16.0,
+            false_findings_per_day: 0.01,
             suspect_score: 6.0,
             min_loss: 0.002,
             min_slow_share: 0.2,
@@ -125,11 +133,30 @@ pub struct Suspect {
 
 pub struct GrayDetector {
     params: GrayParams,
+    /// The evidence that names a component in this window (`set_bar`).
+    bar: f64,
     comps: Components,
     history: VecDeque<WindowEvidence>,
     active: BTreeMap<(u32, Test), Active>,
     pub baseline: Baseline,
     suspects: Vec<Suspect>,
+}
+
+/// The evidence that names a component when `components` are tested in windows of
+/// `window_ms` (0: unknown, 30 s): ln(tests a day / budget), at least `open_score`. A day
+/// tests every component (hosts included) in every window, over each run of windows a
+/// score may sum.
+pub fn bar_for(p: &GrayParams, components: usize, window_ms: u64) -> f64 {
+    // Summaries that do not say how long their window was: the agents' default.
+    let window_ms = if window_ms == 0 {
+        30_000
+    } else {
+        window_ms.max(1_000)
+    };
+    let windows_per_day = 86_400_000.0 / window_ms as f64;
+    let tests = components.max(1) as f64 * p.history_windows.max(1) as f64 * windows_per_day;
+    let budget = p.false_findings_per_day.max(1e-12);
+    p.open_score.max((tests / budget).ln())
 }
 
 /// Units of window `w` that count for (component, test).
@@ -155,12 +182,23 @@ impl GrayDetector {
     pub fn new(params: GrayParams) -> Self {
         GrayDetector {
             params,
+            bar: params.open_score,
             comps: Components::default(),
             history: VecDeque::new(),
             active: BTreeMap::new(),
             baseline: Baseline::default(),
             suspects: Vec::new(),
         }
+    }
+
+    /// Sets the bar for this window (see [`bar_for`]).
+    pub fn set_bar(&mut self, window_ms: u64) {
+        self.bar = bar_for(&self.params, self.comps.len(), window_ms);
+    }
+
+    /// The evidence that names a component in this window.
+    pub fn bar(&self) -> f64 {
+        self.bar
     }
 
     /// The components named (and not let go) so far.
@@ -200,7 +238,7 @@ impl GrayDetector {
                     }
                     false
                 }
-                None if sc.score >= self.params.open_score => {
+                None if sc.score >= self.bar => {
                     self.active.insert(key, Active::new(1.0, sc.score));
                     true
                 }
@@ -412,7 +450,7 @@ impl GrayDetector {
                 }
             }
             match best {
-                Some((pos, (score, effect, s))) if score >= self.params.open_score => {
+                Some((pos, (score, effect, s))) if score >= self.bar => {
                     let (c, t) = tally::key_parts(touched[pos]);
                     let (mut k, mut mu0, mut e, mut n) = (0.0, 0.0, 0.0, 0.0);
                     let ks = tally.counts(touched[pos]);

@@ -403,3 +403,24 @@ proptest! {
         prop_assert_eq!(found, want);
     }
 }
+
+#[test]
+fn the_bar_grows_with_the_tests_a_day_makes() {
+    let p = GrayParams::default();
+    let bar = |components, window_ms| super::gray::bar_for(&p, components, window_ms);
+    // A handful of components: the floor.
+    assert_eq!(bar(1, 30_000), p.open_score);
+    // The simulator's 2,048-RNIC day (about 4,000 components): 4,000 x 4 runs x 2,880
+    // windows a day / 0.01.
+    let b = bar(4_000, 30_000);
+    assert!(
+        (b - (4_000.0f64 * 4.0 * 2_880.0 / 0.01).ln()).abs() < 1e-9,
+        "{b}"
+    );
+    assert!((22.0..22.5).contains(&b), "{b}");
+    // 100,000 RNICs (with their links, cables, ToRs and hosts): about 27 nats.
+    assert!((27.0..28.0).contains(&bar(700_000, 30_000)));
+    // Windows of 10 s make three times the tests; an unknown length is 30 s.
+    assert!((bar(4_000, 10_000) - b - 3f64.ln()).abs() < 1e-9);
+    assert_eq!(bar(4_000, 0), b);
+}

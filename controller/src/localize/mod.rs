@@ -232,6 +232,11 @@ impl Localizer {
         Ok(())
     }
 
+    /// The evidence (nats) that named a component in the last window.
+    pub fn gray_bar(&self) -> f64 {
+        self.gray.bar()
+    }
+
     /// What the gray detector suspects but has not proven (last window).
     pub fn suspects(&self) -> &[Suspect] {
         self.gray.suspects()
@@ -293,6 +298,7 @@ impl Localizer {
     fn explain_window(&mut self, paths: &[WindowPath<'_>], inv: &dyn Inventory) -> Vec<Blame> {
         let topo = self.topology.as_ref();
         let placed = Placed::new(paths, inv, topo);
+        self.gray.set_bar(placed.window_ms);
         let hw = hoststat::gather(&placed, &self.gray.baseline);
         let (host_blames, skip_host) = self.gray.hosts(&placed, &hw);
         // What the gray detector has named is explained for the rules too: a stalled
@@ -342,7 +348,7 @@ impl Localizer {
         );
         hw.learn(&placed, &mut self.gray.baseline, &skip_host);
         self.gray.end_window();
-        let open_score = self.params.gray.open_score;
+        let open_score = self.gray.bar();
         let mut gray = naming::blames(
             host_blames.into_iter().chain(gray).collect(),
             &placed,

@@ -130,6 +130,8 @@ pub struct Placed<'a> {
     /// Per ToR (as interned here), its index in the topology, when it has one.
     pub topo_tors: Vec<Option<u32>>,
     pub paths: Vec<PlacedPath<'a>>,
+    /// The window's length (ms), as its summaries say (the longest).
+    pub window_ms: u64,
     /// Per label of each routed path, in order: the spines of its probe and of its ACKs.
     /// Hashed once here for every stage (a window has millions of labels).
     label_spines: Vec<[u32; 2]>,
@@ -146,6 +148,7 @@ impl<'a> Placed<'a> {
             tors: Names::default(),
             topo_tors: Vec::new(),
             paths: Vec::with_capacity(paths.len()),
+            window_ms: 0,
             label_spines: Vec::new(),
         };
         let ecmp = topo.filter(|t| t.ecmp().is_some());
@@ -161,6 +164,7 @@ impl<'a> Placed<'a> {
             if src == dst {
                 continue;
             }
+            p.window_ms = p.window_ms.max(s.window_duration_ms as u64);
             let (a, b) = (&p.rnics[src as usize], &p.rnics[dst as usize]);
             let (hosts, tors) = ([a.host, b.host], [a.tor, b.tor]);
             let routed = match (

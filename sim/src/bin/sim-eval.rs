@@ -377,7 +377,7 @@ fn gray_suite(a: &Args, opts: &SimOptions) {
     }
     let t1 = Instant::now();
     let hours = a.day_hours as usize;
-    let day: Vec<(usize, u64, u64, f64)> = parallel(hours, a.jobs, |i| {
+    let day: Vec<(usize, u64, u64, f64, f64)> = parallel(hours, a.jobs, |i| {
         let h = a.day_first as usize + i;
         let s = fault_free_hour(a.seed, h);
         let out = try_run(&s, opts).unwrap_or_else(|e| panic!("fault-free day hour {h}: {e}"));
@@ -396,6 +396,7 @@ fn gray_suite(a: &Args, opts: &SimOptions) {
             out.probes.sent,
             out.probes.focus,
             out.max_suspect_score,
+            out.gray_bar,
         )
     });
     println!(
@@ -409,7 +410,7 @@ fn gray_suite(a: &Args, opts: &SimOptions) {
             "probes": day.iter().map(|d| d.1).sum::<u64>(),
             "focus_probes": day.iter().map(|d| d.2).sum::<u64>(),
             "max_score_nats": day.iter().map(|d| d.3).fold(0.0, f64::max),
-            "open_score_nats": opts.analyzer.localizer.gray.open_score,
+            "bar_nats": day.iter().map(|d| d.4).fold(0.0, f64::max),
             "wall_sec": t1.elapsed().as_secs_f64(),
         })
     );
