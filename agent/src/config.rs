@@ -277,9 +277,20 @@ impl AgentConfig {
             dict: env_dict(ENV_PREFIX, KEYS, env),
         });
         fig = fig.merge(Serialized::defaults(cli));
-        let mut cfg: AgentConfig = fig
-            .extract()
-            .map_err(|e| figment_error(e, file.as_deref()))?;
+        Self::finish(fig, file.as_deref())
+    }
+
+    /// `load_from`'s layering and checks over YAML text instead of a file, without
+    /// environment or flags (fuzzing and tests).
+    pub fn from_yaml_str(text: &str) -> Result<Self, ConfigError> {
+        let fig = Figment::from(Serialized::defaults(AgentConfig::default()))
+            .merge(serde_saphyr::figment::Yaml::string(text));
+        Self::finish(fig, None)
+    }
+
+    /// Extracts the layered config, fills the hostname defaults, validates.
+    fn finish(fig: Figment, file: Option<&Path>) -> Result<Self, ConfigError> {
+        let mut cfg: AgentConfig = fig.extract().map_err(|e| figment_error(e, file))?;
         // As in Go: an empty hostname is detected, an empty agent_id is the hostname.
         if cfg.hostname.trim().is_empty() {
             cfg.hostname = local_hostname();
@@ -1076,6 +1087,19 @@ mod tests {
             AgentConfig::load_from(&cli(&["--config", path, "--tor-id", "tor-a"]), &[]).unwrap();
         assert_eq!(c.tor_mesh_rate(), 10.0);
         assert_eq!(c.inter_tor_rate(), 1.0);
+    }
+
+    #[test]
+    fn from_yaml_str_layers_and_validates_as_a_file_does() {
+        let text = "tor_id: tor-a\nagent_id: a1\nprobe_interval_ms: 250\n";
+        let f = yaml(text);
+        let from_file =
+            AgentConfig::load_from(&cli(&["--config", f.path().to_str().unwrap()]), &[]).unwrap();
+        assert_eq!(AgentConfig::from_yaml_str(text).unwrap(), from_file);
+        let e = AgentConfig::from_yaml_str("agent_id: a1\n").unwrap_err();
+        assert!(e.0.starts_with("tor_id is required"), "{e}");
+        let e = AgentConfig::from_yaml_str("tor_id: t\nno_such_key: 1\n").unwrap_err();
+        assert!(e.0.contains("unknown config key `no_such_key`"), "{e}");
     }
 
     #[test]

@@ -5,6 +5,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
 use rpingmesh_proto::operator::operator_service_client::OperatorServiceClient;
@@ -17,6 +19,35 @@ pub const EXIT_RPC: u8 = 1;
 pub const EXIT_USAGE: u8 = 2;
 /// Exit status: the controller could not be reached (connect, TLS handshake, deadline).
 pub const EXIT_UNREACHABLE: u8 = 3;
+/// Exit status: the controller refused the caller (no or unknown token or certificate:
+/// UNAUTHENTICATED; a role that may not do this: PERMISSION_DENIED).
+pub const EXIT_DENIED: u8 = 4;
+
+/// The operator API client every command uses (with the bearer token, if any).
+pub type Operator = OperatorServiceClient<InterceptedService<Channel, Bearer>>;
+
+/// Adds `authorization: Bearer TOKEN` to every call (`--token-file`).
+#[derive(Clone)]
+pub struct Bearer(Option<MetadataValue<Ascii>>);
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(v) = &self.0 {
+            req.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(req)
+    }
+}
+
+/// A bearer token; never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Token(String);
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Token(..)")
+    }
+}
 
 pub const DEFAULT_CONTROLLER: &str = "localhost:50051";
 
@@ -29,6 +60,8 @@ pub enum Failure {
     Usage(String),
     /// No answer from the controller.
     Unreachable(String),
+    /// The controller refused who we are or what our role may do.
+    Denied(String),
 }
 
 impl Failure {
@@ -37,13 +70,15 @@ impl Failure {
             Failure::Rpc(_) => EXIT_RPC,
             Failure::Usage(_) => EXIT_USAGE,
             Failure::Unreachable(_) => EXIT_UNREACHABLE,
+            Failure::Denied(_) => EXIT_DENIED,
         }
     }
 }
 
 impl std::fmt::Display for Failure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let (Failure::Rpc(s) | Failure::Usage(s) | Failure::Unreachable(s)) = self;
+        let (Failure::Rpc(s) | Failure::Usage(s) | Failure::Unreachable(s) | Failure::Denied(s)) =
+            self;
         f.write_str(s)
     }
 }
@@ -86,6 +121,8 @@ pub struct Given {
     pub tls_key_file: Option<String>,
     pub tls_ca_file: Option<String>,
     pub tls_server_name: Option<String>,
+    /// File holding the operator bearer token.
+    pub token_file: Option<PathBuf>,
     pub timeout: Duration,
 }
 
@@ -98,6 +135,7 @@ pub struct Target {
     pub tls_key_file: String,
     pub tls_ca_file: String,
     pub tls_server_name: String,
+    pub token: Option<Token>,
     pub timeout: Duration,
 }
 
@@ -136,6 +174,22 @@ fn read_agent_yaml(path: &Path) -> Result<Vec<(&'static str, String)>, Failure> 
         out.push((key, v));
     }
     Ok(out)
+}
+
+/// The token of `--token-file`: its first line, trimmed; it must be one HTTP header value.
+fn read_token(path: &Path) -> Result<Token, Failure> {
+    let usage = |m: String| Failure::Usage(format!("--token-file {}: {m}", path.display()));
+    let text = std::fs::read_to_string(path).map_err(|e| usage(format!("cannot read: {e}")))?;
+    let t = text.lines().next().unwrap_or("").trim();
+    if t.is_empty() {
+        return Err(usage("empty".into()));
+    }
+    if !t.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(usage(
+            "the token must be printable ASCII without spaces".into(),
+        ));
+    }
+    Ok(Token(t.to_string()))
 }
 
 fn one_line(e: &dyn std::fmt::Display) -> String {
@@ -179,6 +233,10 @@ pub fn resolve(g: &Given) -> Result<Target, Failure> {
         tls_key_file: pick(&g.tls_key_file, "tls_key_file"),
         tls_ca_file: pick(&g.tls_ca_file, "tls_ca_file"),
         tls_server_name: pick(&g.tls_server_name, "tls_server_name"),
+        token: match &g.token_file {
+            Some(p) => Some(read_token(p)?),
+            None => None,
+        },
         timeout: g.timeout.max(Duration::from_millis(100)),
     };
     if t.controller.is_empty() {
@@ -285,7 +343,7 @@ impl Target {
     }
 
     /// Connects now (TCP and, with TLS, the handshake), bounded by the timeout.
-    pub async fn connect(&self) -> Result<OperatorServiceClient<Channel>, Failure> {
+    pub async fn connect(&self) -> Result<Operator, Failure> {
         let ep = self.endpoint()?;
         let ch = match tokio::time::timeout(self.timeout, ep.connect()).await {
             Ok(Ok(ch)) => ch,
@@ -294,7 +352,14 @@ impl Target {
                 return Err(self.unreachable(&format!("no connection within {:?}", self.timeout)))
             }
         };
-        Ok(OperatorServiceClient::new(ch))
+        let bearer =
+            match &self.token {
+                Some(Token(t)) => Some(format!("Bearer {t}").parse().map_err(|_| {
+                    Failure::Usage("--token-file: not a valid header value".into())
+                })?),
+                None => None,
+            };
+        Ok(OperatorServiceClient::with_interceptor(ch, Bearer(bearer)))
     }
 
     fn unreachable(&self, why: &str) -> Failure {
@@ -376,6 +441,9 @@ impl Target {
             return self.unreachable(&format!("{what}: {why}"));
         }
         match s.code() {
+            tonic::Code::Unauthenticated | tonic::Code::PermissionDenied => {
+                Failure::Denied(format!("{what}: {:?}: {msg}", s.code()))
+            }
             tonic::Code::Unimplemented => Failure::Rpc(format!(
                 "{what}: the controller at {} does not support this call ({msg})",
                 self.controller

@@ -7,9 +7,7 @@ use std::io::Write;
 
 use clap::Args;
 use serde_json::{json, Value};
-use tonic::transport::Channel;
 
-use rpingmesh_proto::operator::operator_service_client::OperatorServiceClient;
 use rpingmesh_proto::operator::{
     Finding, FindingEvent, FindingEvidence, ListFindingsRequest, WatchFindingsRequest,
 };
@@ -150,7 +148,7 @@ pub fn event_json(e: &FindingEvent) -> Value {
 
 /// One ListFindings, rendered.
 pub async fn list(
-    op: &mut OperatorServiceClient<Channel>,
+    op: &mut crate::connect::Operator,
     target: &Target,
     a: &FindingsArgs,
     json: bool,
@@ -178,7 +176,7 @@ pub async fn list(
 /// controller is exit 1, the controller going away (or shutting down) exit 3. DATA_LOSS
 /// (this watcher fell behind) is one line on stderr and a new watch.
 pub async fn watch(
-    op: &mut OperatorServiceClient<Channel>,
+    op: &mut crate::connect::Operator,
     target: &Target,
     a: &FindingsArgs,
     json: bool,

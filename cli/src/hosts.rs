@@ -3,9 +3,7 @@
 //! agent rendered it, then its findings; `hosts` one row per host.
 
 use serde_json::{json, Value};
-use tonic::transport::Channel;
 
-use rpingmesh_proto::operator::operator_service_client::OperatorServiceClient;
 use rpingmesh_proto::operator::{GetHostRequest, HostHealth, ListHostsRequest};
 
 use crate::connect::{Failure, Target};
@@ -31,7 +29,7 @@ fn host_json(h: &HostHealth, with_report: bool) -> Value {
 
 /// One host: its tree and verdict as the agent printed them, and when.
 pub async fn host(
-    op: &mut OperatorServiceClient<Channel>,
+    op: &mut crate::connect::Operator,
     target: &Target,
     name: &str,
     json: bool,
@@ -58,7 +56,7 @@ pub async fn host(
 
 /// Every host that reported, one row each.
 pub async fn hosts(
-    op: &mut OperatorServiceClient<Channel>,
+    op: &mut crate::connect::Operator,
     target: &Target,
     problems_only: bool,
     json: bool,

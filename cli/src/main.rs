@@ -28,13 +28,11 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use serde_json::json;
-use tonic::transport::Channel;
 
 use rpingmesh_proto::controller_agent::PathSummary;
-use rpingmesh_proto::operator::operator_service_client::OperatorServiceClient;
 use rpingmesh_proto::operator::{
-    ListPathsRequest, ListRnicsRequest, ListServicePathsRequest, ListTorPairsRequest,
-    ListViolationsRequest,
+    DeleteAgentRequest, ListPathsRequest, ListRnicsRequest, ListServicePathsRequest,
+    ListTorPairsRequest, ListViolationsRequest,
 };
 
 use connect::{Failure, Given, Target, TlsMode};
@@ -52,7 +50,9 @@ Exit status:
   1  the controller answered with an error status
   2  usage or configuration error (flags, RPINGMESH_* variables, --config, TLS files)
   3  the controller could not be reached (connection refused, TLS handshake failure,
-     no answer within --timeout-sec)";
+     no answer within --timeout-sec)
+  4  the controller refused the caller: no or unknown token or certificate, or a role
+     that may not do this (--token-file; operator_tokens_file, tls_operator_roles)";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -123,6 +123,15 @@ struct Cli {
         value_name = "NAME"
     )]
     tls_server_name: Option<String>,
+    /// File with an operator or viewer bearer token (sent as `authorization: Bearer`).
+    #[arg(
+        long,
+        global = true,
+        env = "RPINGMESH_TOKEN_FILE",
+        help_heading = "Connection",
+        value_name = "FILE"
+    )]
+    token_file: Option<PathBuf>,
     /// One JSON object per row instead of a table.
     #[arg(long, global = true)]
     json: bool,
@@ -144,6 +153,7 @@ impl Cli {
             tls_key_file: self.tls_key_file.clone(),
             tls_ca_file: self.tls_ca_file.clone(),
             tls_server_name: self.tls_server_name.clone(),
+            token_file: self.token_file.clone(),
             timeout: Duration::from_secs(self.timeout_sec),
         }
     }
@@ -208,6 +218,14 @@ enum Cmd {
         #[command(flatten)]
         watch: WatchArgs,
     },
+    /// Action (role operator): forget an agent and its RNICs now (a host taken out, an
+    /// RNIC moved to another host). A live agent registers again at its next heartbeat.
+    DeleteAgent {
+        agent_id: String,
+        /// Why, for the controller's audit log.
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
 }
 
 impl Cmd {
@@ -269,7 +287,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
 
 /// One query of `cmd`, rendered (table or JSON rows).
 async fn query(
-    op: &mut OperatorServiceClient<Channel>,
+    op: &mut connect::Operator,
     target: &Target,
     cmd: &Cmd,
     json: bool,
@@ -499,6 +517,24 @@ async fn query(
         }
         Cmd::Findings(a) => findings::list(op, target, a, json).await?,
         Cmd::Host { name } => hosts::host(op, target, name, json).await?,
+        Cmd::DeleteAgent { agent_id, reason } => {
+            let r = op
+                .delete_agent(DeleteAgentRequest {
+                    agent_id: agent_id.clone(),
+                    reason: reason.clone(),
+                })
+                .await
+                .map_err(|s| target.rpc_failure("DeleteAgent", s))?
+                .into_inner();
+            if json {
+                format!(
+                    "{}\n",
+                    json!({"agent_id": agent_id, "removed_rnics": r.removed_rnics})
+                )
+            } else {
+                format!("deleted agent {agent_id} ({} RNICs)\n", r.removed_rnics)
+            }
+        }
         Cmd::Hosts { problems } => hosts::hosts(op, target, *problems, json).await?,
         Cmd::ServicePaths {
             service,

@@ -10,23 +10,39 @@ use rpingmesh_proto::controller_agent::{
 };
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 
-/// Registers two agents, one service flow and one window over mTLS, as an agent would.
+/// Registers two agents, one service flow and one window over mTLS, as agents would: each
+/// agent with its own certificate (the controller reads the identity from the CN here:
+/// agent "client" on tor-1 with GID_A, agent "server" on tor-2 with GID_B).
 async fn seed(addr: std::net::SocketAddr, dir: &std::path::Path) {
     let read = |f: &str| std::fs::read(dir.join(f)).unwrap();
-    let tls = ClientTlsConfig::new()
-        .ca_certificate(Certificate::from_pem(read("ca.pem")))
-        .identity(Identity::from_pem(read("client.pem"), read("client.key")));
-    let ch = Channel::from_shared(format!("https://{addr}"))
-        .unwrap()
-        .tls_config(tls)
-        .unwrap()
-        .connect()
+    let connect = |name: &str| {
+        let tls = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(read("ca.pem")))
+            .identity(Identity::from_pem(
+                read(&format!("{name}.pem")),
+                read(&format!("{name}.key")),
+            ));
+        async move {
+            let ch = Channel::from_shared(format!("https://{addr}"))
+                .unwrap()
+                .tls_config(tls)
+                .unwrap()
+                .connect()
+                .await
+                .unwrap();
+            ControllerServiceClient::new(ch)
+        }
+    };
+    let mut b = connect("server").await;
+    b.register_agent(reg("server", "tor-2", GID_B))
         .await
         .unwrap();
-    let mut c = ControllerServiceClient::new(ch);
-    register_a_and_b(&mut c).await;
+    let mut c = connect("client").await;
+    c.register_agent(reg("client", "tor-1", GID_A))
+        .await
+        .unwrap();
     c.report_service_flows(ServiceFlowReport {
-        agent_id: "agent-a".into(),
+        agent_id: "client".into(),
         full_sync: true,
         upserts: vec![ServiceFlow {
             local_gid: GID_A.into(),
@@ -42,7 +58,7 @@ async fn seed(addr: std::net::SocketAddr, dir: &std::path::Path) {
     .await
     .unwrap();
     c.report_probe_analysis(ProbeAnalysisReport {
-        agent_id: "agent-a".into(),
+        agent_id: "client".into(),
         summaries: vec![PathSummary {
             source_gid: GID_A.into(),
             source_tor_id: "tor-1".into(),
@@ -78,6 +94,7 @@ async fn cli_against_tls_and_mtls_controllers() {
     let srv = start(&ControllerConfig {
         tls_mode: "mtls".into(),
         tls_ca_file: p("ca.pem"),
+        tls_identity_from: "cn".into(),
         ..base.clone()
     })
     .await;

@@ -15,6 +15,9 @@ use rpingmesh_config_table::{config_table, env_dict, NamedDict};
 use rpingmesh_metrics_export::{parse_listen_addr, Exporter};
 
 use crate::analyzer::AnalyzerParams;
+use crate::auth::cert::IdentitySource;
+use crate::auth::identity::AgentAuth;
+use crate::auth::roles::CertRoles;
 use crate::focus::FocusParams;
 use crate::localize::LocalizerParams;
 use crate::topology::Topology;
@@ -93,8 +96,30 @@ config_table! {
         tls_key_file: String = String::new(), flag String;
         /// CA the agents' certificates are checked against (mtls).
         tls_ca_file: String = String::new(), flag String;
-        /// Present for key symmetry with the agent; unused by the server role.
+        /// With etcd and TLS: the name the analysis leader's certificate is checked
+        /// against when this replica forwards to it; empty = the leader's address.
         tls_server_name: String = String::new(), flag String;
+        /// mtls: where an agent's identity is read from its client certificate: auto (the
+        /// first SAN DNS name, else SAN URI, else subject CN), san_dns, san_uri or cn. An agent
+        /// may register and report only as that agent_id.
+        tls_identity_from: String = "auto".into(), flag String;
+        /// mtls with etcd: the identities (read as tls_identity_from says) of the replicas'
+        /// certificates, comma-separated. Replicas forward path reports to the analysis
+        /// leader over mTLS with tls_cert_file, which must allow client use too
+        /// (extendedKeyUsage serverAuth,clientAuth); only these may forward.
+        tls_replica_identities: String = String::new(), flag String;
+        /// Operator roles on the operator gRPC API, the web page's JSON API and /metrics:
+        /// auto (on when operator_tokens_file or tls_operator_roles is set), on, off.
+        operator_auth: String = "auto".into(), flag String;
+        /// Bearer tokens of operators and viewers: lines `ROLE SHA256-HEX NAME` (the sha256sum
+        /// of the token, never the token); read again on SIGHUP.
+        operator_tokens_file: String = String::new(), flag String;
+        /// mtls: client certificates' roles, `NAME=ROLE,...` (NAME an OU or the certificate's
+        /// identity; ROLE viewer or operator).
+        tls_operator_roles: String = String::new(), flag String;
+        /// Audit log: a file that gets one JSON line per registration, operator action and
+        /// refusal; empty = the controller's log (target `audit`).
+        audit_log_file: String = String::new(), flag String;
         /// Export the controller's metrics.
         metrics_enabled: bool = true, flag bool;
         /// OTLP export period.
@@ -107,6 +132,14 @@ config_table! {
         max_service_flows_per_agent: u32 = 4096, flag u32;
         /// Distinct service names in use at once; further names become "other".
         max_services: u32 = 64, flag u32;
+        /// Registrations (heartbeats included) per caller per minute, with a burst of as
+        /// many; the caller is the certificate's agent under mtls, else the agent_id it claims.
+        /// 0 = no limit.
+        max_registrations_per_minute: u32 = 120, flag u32;
+        /// RNICs in one agent's registration, at most.
+        max_rnics_per_agent: u32 = 64, flag u32;
+        /// Path summaries in one report, at most.
+        max_summaries_per_report: u32 = 50_000, flag u32;
         /// Where metrics go when metrics_enabled: otlp (push), prometheus (/metrics) or both.
         /// otlp | prometheus | both.
         metrics_exporter: String = "otlp".into(), flag String;
@@ -115,6 +148,9 @@ config_table! {
         /// Address of the operator web page and its JSON API (e.g. 127.0.0.1:8080); empty =
         /// off.
         http_listen_addr: String = String::new(), flag String;
+        /// The web page over HTTPS with tls_cert_file/tls_key_file: auto (when tls_mode is tls
+        /// or mtls), on, off.
+        http_tls: String = "auto".into(), flag String;
     }
 }
 
@@ -208,6 +244,18 @@ impl ControllerConfig {
             name: "command-line flags",
             dict: flags,
         });
+        Self::finish(fig)
+    }
+
+    /// `load`'s layering and checks over YAML text instead of a file, without
+    /// environment or flags (fuzzing and tests).
+    pub fn from_yaml_str(text: &str) -> Result<Self, ConfigError> {
+        let fig = Figment::from(figment::providers::Serialized::defaults(Self::default()))
+            .merge(serde_saphyr::figment::Yaml::string(text));
+        Self::finish(fig)
+    }
+
+    fn finish(fig: Figment) -> Result<Self, ConfigError> {
         let cfg: Self = fig.extract().map_err(|e| ConfigError::Load(describe(&e)))?;
         cfg.validate()?;
         Ok(cfg)
@@ -327,6 +375,9 @@ impl ControllerConfig {
         if mode == TlsMode::Mtls {
             require_readable("tls_ca_file", &self.tls_ca_file, &self.tls_mode)?;
         }
+        self.agent_auth()?;
+        self.operator_auth_enabled()?;
+        self.http_tls()?;
         Ok(())
     }
 
@@ -454,6 +505,75 @@ impl ControllerConfig {
                 format!("must be disabled, tls or mtls; got {other:?}"),
             )),
         }
+    }
+
+    /// How agent identities are read and whether they are enforced (mtls only).
+    pub fn agent_auth(&self) -> Result<AgentAuth, ConfigError> {
+        let from = IdentitySource::parse(&self.tls_identity_from).ok_or_else(|| {
+            invalid(
+                "tls_identity_from",
+                format!(
+                    "must be {}; got {:?}",
+                    IdentitySource::NAMES,
+                    self.tls_identity_from
+                ),
+            )
+        })?;
+        Ok(AgentAuth {
+            enforce: self.tls()? == TlsMode::Mtls,
+            from,
+            replicas: self
+                .tls_replica_identities
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+                .collect(),
+        })
+    }
+
+    /// Whether the web page is served over TLS (`http_tls`).
+    pub fn http_tls(&self) -> Result<bool, ConfigError> {
+        let tls = self.tls()? != TlsMode::Disabled;
+        match self.http_tls.trim().to_ascii_lowercase().as_str() {
+            "auto" | "" => Ok(tls),
+            "on" if !tls => Err(invalid(
+                "http_tls",
+                "on needs tls_mode tls or mtls (its tls_cert_file and tls_key_file)".to_string(),
+            )),
+            "on" => Ok(true),
+            "off" => Ok(false),
+            other => Err(invalid(
+                "http_tls",
+                format!("must be auto, on or off; got {other:?}"),
+            )),
+        }
+    }
+
+    /// Whether the operator surfaces ask for a role (`operator_auth`), and the
+    /// certificates' roles.
+    pub fn operator_auth_enabled(&self) -> Result<(bool, CertRoles), ConfigError> {
+        let roles = CertRoles::parse(&self.tls_operator_roles)
+            .map_err(|m| invalid("tls_operator_roles", m))?;
+        let configured = !self.operator_tokens_file.trim().is_empty() || !roles.is_empty();
+        let on = match self.operator_auth.trim().to_ascii_lowercase().as_str() {
+            "auto" | "" => configured,
+            "on" if !configured => {
+                return Err(invalid(
+                    "operator_auth",
+                    "on needs operator_tokens_file or tls_operator_roles".to_string(),
+                ))
+            }
+            "on" => true,
+            "off" => false,
+            other => {
+                return Err(invalid(
+                    "operator_auth",
+                    format!("must be auto, on or off; got {other:?}"),
+                ))
+            }
+        };
+        Ok((on, roles))
     }
 
     /// OTLP endpoint with a scheme (the Go config takes bare host:port).
@@ -655,6 +775,29 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("active_threshold_sec"), "{e}");
+    }
+
+    #[test]
+    fn from_yaml_str_layers_and_validates_as_a_file_does() {
+        let text = "inter_tor_sample_size: 7\nlog_level: debug\n";
+        let f = yaml(text);
+        let cli = CliArgs {
+            config: Some(f.path().to_path_buf()),
+            ..Default::default()
+        };
+        let from_file = ControllerConfig::load(&cli, env(&[])).unwrap();
+        assert_eq!(ControllerConfig::from_yaml_str(text).unwrap(), from_file);
+        let e = ControllerConfig::from_yaml_str("active_threshold_sec: 0\n").unwrap_err();
+        assert_eq!(key_of_err(&e), Some("active_threshold_sec"), "{e}");
+        let e = ControllerConfig::from_yaml_str("bogus_key: 3\n").unwrap_err();
+        assert!(e.to_string().contains("bogus_key"), "{e}");
+    }
+
+    fn key_of_err(e: &ConfigError) -> Option<&'static str> {
+        match e {
+            ConfigError::Invalid { key, .. } => Some(key),
+            ConfigError::Load(_) => None,
+        }
     }
 
     #[test]

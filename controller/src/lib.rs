@@ -7,11 +7,14 @@
 //! that analyzes when several share etcd.
 
 pub mod analyzer;
+pub mod audit;
+pub mod auth;
 pub mod config;
 pub mod ecmp;
 pub mod findings;
 pub mod focus;
 pub mod leader;
+pub mod limits;
 pub mod liveness;
 pub mod localize;
 pub mod pinglist;

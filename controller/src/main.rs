@@ -53,12 +53,15 @@ async fn run(cfg: ControllerConfig) -> anyhow::Result<()> {
     let _metrics_server = match telemetry.prometheus_registry() {
         Some(reg) => {
             let addr = cfg.prometheus_socket_addr()?;
-            let (bound, join) =
-                rpingmesh_metrics_export::serve(addr, rpingmesh_metrics_export::router(reg))
-                    .await
-                    .map_err(|e| {
-                        anyhow::anyhow!("prometheus_listen_addr {addr}: bind failed: {e}")
-                    })?;
+            let (bound, join) = rpingmesh_metrics_export::serve(
+                addr,
+                rpingmesh_metrics_export::router(reg).layer(axum::middleware::from_fn_with_state(
+                    handle.state.clone(),
+                    rpingmesh_controller::web::require_viewer,
+                )),
+            )
+            .await
+            .map_err(|e| anyhow::anyhow!("prometheus_listen_addr {addr}: bind failed: {e}"))?;
             tracing::info!(addr = %bound, "Prometheus /metrics listening");
             Some(join)
         }

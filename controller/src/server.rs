@@ -102,9 +102,63 @@ pub async fn start_with_state(
         Some(tls) => builder = builder.tls_config(tls).context("TLS configuration")?,
         None => tracing::warn!("tls_mode=disabled: controller gRPC is plaintext"),
     }
+    if !state.auth.enforce {
+        tracing::warn!(
+            tls_mode = %cfg.tls_mode,
+            "agent identities are not enforced: any client can register and report as any agent (tls_mode=mtls binds each agent to its certificate)"
+        );
+    }
+    if !state.operator_auth.enabled && !local_addr.ip().is_loopback() {
+        tracing::warn!(
+            addr = %local_addr,
+            "the operator API has no authentication on a non-loopback listener: anyone who reaches it reads everything and acts (set operator_tokens_file or tls_operator_roles)"
+        );
+    }
+    let operators = {
+        let state = state.clone();
+        move |mut req: tonic::Request<()>| {
+            let authz = req
+                .metadata()
+                .get("authorization")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string);
+            let certs = req.peer_certs();
+            let leaf = certs.as_ref().and_then(|c| c.first()).map(|c| c.as_ref());
+            match state.operator_auth.authenticate(authz.as_deref(), leaf) {
+                Ok(caller) => {
+                    req.extensions_mut().insert(caller);
+                    Ok(req)
+                }
+                Err(m) => Err(state.unauthenticated("OperatorService", &m)),
+            }
+        }
+    };
     let router = builder
         .add_service(ControllerServiceServer::new(ControllerSvc(state.clone())))
-        .add_service(OperatorServiceServer::new(OperatorSvc(state.clone())));
+        .add_service(OperatorServiceServer::with_interceptor(
+            OperatorSvc(state.clone()),
+            operators,
+        ));
+
+    // SIGHUP: the operator tokens are read again.
+    let reload = {
+        let state = state.clone();
+        tokio::spawn(async move {
+            use tokio::signal::unix::{signal, SignalKind};
+            let Ok(mut hup) = signal(SignalKind::hangup()) else {
+                tracing::warn!("no SIGHUP handler: operator tokens are read at start only");
+                return;
+            };
+            while hup.recv().await.is_some() {
+                match state.operator_auth.reload() {
+                    Ok(n) => tracing::info!(tokens = n, "operator tokens reloaded"),
+                    Err(e) => {
+                        tracing::error!(error = %format!("{e:#}"), "operator tokens not reloaded; the previous ones stay")
+                    }
+                }
+            }
+        })
+    };
 
     let sweeper = {
         let state = state.clone();
@@ -189,10 +243,24 @@ pub async fn start_with_state(
 
     let (http_addr, http) = match cfg.http_socket_addr()? {
         Some(addr) => {
-            let (bound, join) = crate::web::serve(addr, state.clone())
+            let tls = match cfg.http_tls()? {
+                true => Some(crate::web::https::server_config(
+                    &cfg.tls_cert_file,
+                    &cfg.tls_key_file,
+                )?),
+                false => None,
+            };
+            let scheme = if tls.is_some() { "https" } else { "http" };
+            let (bound, join) = crate::web::serve(addr, state.clone(), tls)
                 .await
                 .with_context(|| format!("http_listen_addr {addr}: bind failed"))?;
-            tracing::info!(addr = %bound, url = %format!("http://{bound}/"), "operator web page listening");
+            tracing::info!(addr = %bound, url = %format!("{scheme}://{bound}/"), "operator web page listening");
+            if !state.operator_auth.enabled && !bound.ip().is_loopback() {
+                tracing::warn!(
+                    addr = %bound,
+                    "the web page's JSON API has no authentication on a non-loopback listener (set operator_tokens_file)"
+                );
+            }
             (Some(bound), Some(join))
         }
         None => (None, None),
@@ -208,6 +276,7 @@ pub async fn start_with_state(
             .await;
         sweeper.abort();
         watch.abort();
+        reload.abort();
         if let Some(f) = findings {
             f.abort();
         }

@@ -24,6 +24,8 @@ pub const METRIC_SERVICE_PATHS: &str = "rpingmesh.controller.service_paths";
 pub const METRIC_HOST_FINDINGS: &str = "rpingmesh.hostping.host_findings";
 pub const METRIC_FOCUS_TARGETS: &str = "rpingmesh.analyzer.focus_targets";
 pub const METRIC_FOCUS_PROBES: &str = "rpingmesh.analyzer.focus_probes_total";
+pub const METRIC_AUTH_DENIED: &str = "rpingmesh.controller.auth_denied_total";
+pub const METRIC_LIMITED: &str = "rpingmesh.controller.limited_total";
 
 /// Analyzer counters. Attributes are ToR-level only (bounded cardinality); per-GID
 /// detail goes to logs and the operator API.
@@ -31,6 +33,8 @@ pub const METRIC_FOCUS_PROBES: &str = "rpingmesh.analyzer.focus_probes_total";
 pub struct AnalyzerMetrics {
     summaries: Counter<u64>,
     violations: Counter<u64>,
+    auth_denied: Counter<u64>,
+    limited: Counter<u64>,
 }
 
 impl AnalyzerMetrics {
@@ -43,6 +47,14 @@ impl AnalyzerMetrics {
             violations: meter
                 .u64_counter(METRIC_SLA_VIOLATIONS)
                 .with_description("SLA violations detected")
+                .build(),
+            auth_denied: meter
+                .u64_counter(METRIC_AUTH_DENIED)
+                .with_description("Calls refused because the caller may not say that")
+                .build(),
+            limited: meter
+                .u64_counter(METRIC_LIMITED)
+                .with_description("Calls refused because they went over a per-caller limit")
                 .build(),
         }
     }
@@ -57,6 +69,22 @@ impl AnalyzerMetrics {
         if n > 0 {
             self.summaries.add(n, &[]);
         }
+    }
+
+    /// A refused call. `rpc` and `reason` are fixed strings of the code (bounded).
+    pub fn auth_denied(&self, rpc: &'static str, reason: &'static str) {
+        self.auth_denied.add(
+            1,
+            &[KeyValue::new("rpc", rpc), KeyValue::new("reason", reason)],
+        );
+    }
+
+    /// A call over a limit. `rpc` and `limit` are fixed strings of the code (bounded).
+    pub fn limited(&self, rpc: &'static str, limit: &'static str) {
+        self.limited.add(
+            1,
+            &[KeyValue::new("rpc", rpc), KeyValue::new("limit", limit)],
+        );
     }
 
     /// `service` is set for SERVICE paths only, and must already be bounded (a name the

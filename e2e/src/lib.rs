@@ -24,6 +24,7 @@ use tonic::transport::Channel;
 pub mod demo;
 pub mod fake_service;
 pub mod grafana;
+pub mod pki;
 pub mod soak;
 pub mod vm;
 
@@ -424,12 +425,26 @@ pub fn spawn_agent(dir: &Path, netns: Option<&str>, a: &AgentArgs) -> Result<Pro
 
 /// A plain HTTP/1.1 GET (the tests' only HTTP client): (status, content type, body).
 pub fn http_get(addr: SocketAddr, path: &str, accept: &str) -> Result<(u16, String, String)> {
+    http_get_with(addr, path, accept, &[])
+}
+
+/// [`http_get`] with more request headers (e.g. `("Authorization", "Bearer T")`).
+pub fn http_get_with(
+    addr: SocketAddr,
+    path: &str,
+    accept: &str,
+    headers: &[(&str, &str)],
+) -> Result<(u16, String, String)> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
     s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let extra: String = headers
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}\r\n"))
+        .collect();
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: {accept}\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: {accept}\r\n{extra}Connection: close\r\n\r\n"
     )?;
     let mut raw = Vec::new();
     s.read_to_end(&mut raw)?;

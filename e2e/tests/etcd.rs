@@ -1,7 +1,8 @@
 //! Controller replicas on a real etcd (Debian's etcd-server, started here on loopback):
 //! registrations taken by one replica are served by another, agents given both replicas
-//! fail over when theirs dies, a dead agent's entries expire by their lease, and an etcd
-//! restarted under a stream of registrations loses none of them.
+//! fail over when theirs dies, a dead agent's entries expire by their lease, an etcd
+//! restarted under a stream of registrations loses none of them, and under mTLS replicas
+//! forward over mTLS and only a replica's certificate may forward.
 
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
@@ -561,4 +562,172 @@ async fn service_flows_reported_to_one_replica_are_served_by_the_other() {
         .into_inner();
     let targets: Vec<&str> = list.targets.iter().map(|t| t.target_gid.as_str()).collect();
     assert_eq!(targets, vec![gid_of(dst).as_str()]);
+}
+
+/// Under mTLS, a follower forwards an agent's path report to the leader over mTLS with its
+/// replica certificate; a certificate that is not a replica's cannot pass another agent's
+/// report off as forwarded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_forward_over_mtls_and_only_replicas_forward() {
+    use rpingmesh_e2e::pki::{make_pki, mtls_channel, CertSpec};
+    use rpingmesh_proto::controller_agent::controller_service_client::ControllerServiceClient;
+    use rpingmesh_proto::operator::operator_service_client::OperatorServiceClient;
+    use rpingmesh_proto::operator::ListPathsRequest;
+
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let replica_ext = "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth";
+    let agent = |name| CertSpec {
+        name,
+        subject: "/CN=x",
+        extensions: match name {
+            "lh0" => "subjectAltName=DNS:lh0",
+            _ => "subjectAltName=DNS:ctl-x",
+        },
+    };
+    make_pki(
+        d,
+        &[
+            CertSpec {
+                name: "ctl-a",
+                subject: "/CN=ctl-a",
+                extensions: replica_ext,
+            },
+            CertSpec {
+                name: "ctl-b",
+                subject: "/CN=ctl-b",
+                extensions: replica_ext,
+            },
+            agent("lh0"),
+            agent("ctl-x"),
+        ],
+    )
+    .unwrap();
+    let etcd = Etcd::start(d, "etcd").unwrap();
+    let f = |n: &str| d.join(n).display().to_string();
+    let args = |me: &str| -> Vec<String> {
+        [
+            "--database-uri",
+            &etcd.uri(),
+            "--metrics-enabled",
+            "false",
+            "--leader-lease-ttl-sec",
+            &LEADER_TTL_SEC.to_string(),
+            "--tls-mode",
+            "mtls",
+            "--tls-cert-file",
+            &f(&format!("{me}.pem")),
+            "--tls-key-file",
+            &f(&format!("{me}.key")),
+            "--tls-ca-file",
+            &f("ca.pem"),
+            "--tls-replica-identities",
+            "ctl-a,ctl-b",
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    let spawn = |me: &str| {
+        let a = args(me);
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
+        spawn_controller(d, me, None, "127.0.0.1:0", &a).unwrap()
+    };
+    let a = spawn("ctl-a");
+    let led = wait_for(Duration::from_secs(20), Duration::from_millis(100), || {
+        let a = &a;
+        async move {
+            a.proc
+                .stderr()
+                .contains("now the analysis leader")
+                .then_some(())
+        }
+    })
+    .await;
+    assert!(led.is_some(), "A never led:\n{}", a.proc.stderr());
+    let b = spawn("ctl-b");
+
+    let ip = host_ip(0);
+    let mut lh0 =
+        ControllerServiceClient::new(mtls_channel(b.addr, d, "lh0", "127.0.0.1").await.unwrap());
+    lh0.register_agent(AgentRegistrationRequest {
+        agent_id: "lh0".into(),
+        hostname: "lh0".into(),
+        tor_id: "tor-x".into(),
+        rnics: vec![RnicInfo {
+            gid: gid_of(ip),
+            device_name: "mlx5_0".into(),
+            ..Default::default()
+        }],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let start = (unix_ns_now() / 1_000_000_000 - 2) * 1_000_000_000;
+    let report = |agent: &str, start: u64| rpingmesh_proto::controller_agent::ProbeAnalysisReport {
+        agent_id: agent.into(),
+        summaries: window_of(0, start, false),
+    };
+    let ack = lh0
+        .report_probe_analysis(report("lh0", start))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(ack.accepted);
+
+    // The leader has the path B forwarded.
+    let mut op_a =
+        OperatorServiceClient::new(mtls_channel(a.addr, d, "ctl-x", "127.0.0.1").await.unwrap());
+    let paths = |op: &mut OperatorServiceClient<_>| {
+        let mut op = op.clone();
+        async move {
+            op.list_paths(ListPathsRequest {
+                source_gid: gid_of(ip),
+                all_windows: true,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .paths
+            .iter()
+            .map(|p| p.window_start_unix_ns)
+            .collect::<Vec<_>>()
+        }
+    };
+    let at_a = paths(&mut op_a).await;
+    assert!(
+        at_a.contains(&start),
+        "the leader has no forwarded path: {at_a:?}\nB:\n{}",
+        b.proc.stderr()
+    );
+    assert!(!b
+        .proc
+        .stderr()
+        .contains("forwarding a path report to the analysis leader failed"));
+
+    // Not a replica: another agent's report sent straight to the leader is refused.
+    let mut x =
+        ControllerServiceClient::new(mtls_channel(a.addr, d, "ctl-x", "127.0.0.1").await.unwrap());
+    let e = x
+        .report_probe_analysis(report("lh0", start + 1_000_000_000))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e}");
+    assert!(
+        e.message().contains("certificate names agent \"ctl-x\""),
+        "{e}"
+    );
+    // A replica's certificate may.
+    let mut rb =
+        ControllerServiceClient::new(mtls_channel(a.addr, d, "ctl-b", "127.0.0.1").await.unwrap());
+    let next = start + 1_000_000_000;
+    assert!(
+        rb.report_probe_analysis(report("lh0", next))
+            .await
+            .unwrap()
+            .into_inner()
+            .accepted
+    );
+    let at_a = paths(&mut op_a).await;
+    assert!(at_a.contains(&next), "{at_a:?}");
 }

@@ -1,6 +1,7 @@
 //! docs/operations.md's mTLS example runs as written: its OpenSSL commands make the
 //! certificates, a controller in `tls_mode: mtls` takes an agent that shows its
-//! certificate, and refuses one that shows none.
+//! certificate, refuses one that shows none, and refuses an agent that shows another
+//! agent's certificate.
 
 use std::path::Path;
 use std::process::Command;
@@ -75,7 +76,7 @@ async fn the_runbooks_mtls_example_makes_certificates_the_controller_and_agent_a
     let _good = spawn_agent(
         d,
         None,
-        &base("with-cert", [127, 0, 8, 1])
+        &base("gpu001", [127, 0, 8, 1])
             .flag("--tls-cert-file", f("agent.crt"))
             .flag("--tls-key-file", f("agent.key")),
     )
@@ -98,11 +99,19 @@ async fn the_runbooks_mtls_example_makes_certificates_the_controller_and_agent_a
         .flag("--tls-server-name", "controller.example"),
     )
     .unwrap();
+    // gpu001's certificate on an agent that says it is gpu002.
+    let impostor = spawn_agent(
+        d,
+        None,
+        &base("gpu002", [127, 0, 8, 3])
+            .flag("--tls-cert-file", f("agent.crt"))
+            .flag("--tls-key-file", f("agent.key")),
+    )
+    .unwrap();
     let registered = wait_for(Duration::from_secs(20), Duration::from_millis(200), || {
         let s = ctl.proc.stderr();
         async move {
-            (s.contains("agent registered") && s.contains("\"agent_id\":\"with-cert\""))
-                .then_some(())
+            (s.contains("agent registered") && s.contains("\"agent_id\":\"gpu001\"")).then_some(())
         }
     })
     .await;
@@ -125,4 +134,23 @@ async fn the_runbooks_mtls_example_makes_certificates_the_controller_and_agent_a
         bad.stderr()
     );
     assert!(!ctl.proc.stderr().contains("\"agent_id\":\"no-cert\""));
+    let denied = wait_for(Duration::from_secs(20), Duration::from_millis(200), || {
+        let s = impostor.stderr();
+        async move {
+            (s.contains("cannot register with the controller")
+                && s.contains("certificate names agent")
+                && s.contains("request speaks for agent"))
+            .then_some(())
+        }
+    })
+    .await;
+    assert!(
+        denied.is_some(),
+        "the agent with another agent's certificate was not refused:\n{}",
+        impostor.stderr()
+    );
+    assert!(ctl
+        .proc
+        .stderr()
+        .contains("refused: RegisterAgent: certificate names agent"));
 }

@@ -49,6 +49,9 @@ const KIND_DECL_TAG: u32 = 17;
 const KIND_TYPE_TAG: u32 = 18;
 const KIND_ENUM64: u32 = 19;
 
+/// Members one `member_offset` lookup looks at, at most (vmlinux: a few hundred).
+const MAX_MEMBERS_SEARCHED: usize = 1 << 16;
+
 #[derive(Debug, Clone)]
 struct Member {
     name_off: u32,
@@ -269,8 +272,9 @@ impl Btf {
             what: self.what.clone(),
             strukt: strukt.into(),
         })?;
+        let mut budget = MAX_MEMBERS_SEARCHED;
         let bits = self
-            .find_member(id, member, 0, 0)
+            .find_member(id, member, 0, 0, &mut budget)
             .ok_or_else(|| BtfError::NoMember {
                 what: self.what.clone(),
                 strukt: strukt.into(),
@@ -297,29 +301,40 @@ impl Btf {
         id
     }
 
-    fn find_member(&self, id: u32, member: &str, base_bits: u32, depth: u32) -> Option<u32> {
+    /// Malformed BTF can nest a struct in itself through anonymous members, which would
+    /// make the search exponential: `budget` bounds the members it looks at. Offsets that
+    /// overflow are not found either.
+    fn find_member(
+        &self,
+        id: u32,
+        member: &str,
+        base_bits: u32,
+        depth: u32,
+        budget: &mut usize,
+    ) -> Option<u32> {
         if depth > 8 {
             return None;
         }
         let Some(Ty::Composite { members, .. }) = self.types.get(id as usize) else {
             return None;
         };
+        *budget = budget.checked_sub(members.len())?;
         for m in members {
             let name = self.str_at(m.name_off).ok()?;
             if name == member {
-                return Some(base_bits + m.bit_offset);
+                return base_bits.checked_add(m.bit_offset);
             }
         }
         for m in members
             .iter()
             .filter(|m| self.str_at(m.name_off).is_ok_and(str::is_empty))
         {
-            if let Some(b) = self.find_member(
-                self.resolve(m.type_id),
-                member,
-                base_bits + m.bit_offset,
-                depth + 1,
-            ) {
+            let Some(bits) = base_bits.checked_add(m.bit_offset) else {
+                continue;
+            };
+            if let Some(b) =
+                self.find_member(self.resolve(m.type_id), member, bits, depth + 1, budget)
+            {
                 return Some(b);
             }
         }
@@ -692,5 +707,55 @@ mod tests {
             let msg = r.unwrap_err().to_string();
             assert!(msg.starts_with("malformed BTF (t)"), "{name}: {msg}");
         }
+    }
+
+    /// BTF of `struct task_struct` (type 1) with `members` (name offset, type, bit
+    /// offset; name 0 is anonymous, 13 is "tgid") and an anonymous struct (type 2)
+    /// holding `tgid` at bit 32.
+    fn nested(members: &[(u32, u32, u32)]) -> Vec<u8> {
+        let strings = b"\0task_struct\0tgid\0";
+        let mut t = Vec::new();
+        let w = |t: &mut Vec<u8>, v: [u32; 3]| {
+            v.iter().for_each(|x| t.extend_from_slice(&x.to_le_bytes()))
+        };
+        w(&mut t, [1, (4 << 24) | members.len() as u32, 8]);
+        for m in members {
+            w(&mut t, [m.0, m.1, m.2]);
+        }
+        w(&mut t, [0, (4 << 24) | 1, 8]);
+        w(&mut t, [13, 1, 32]);
+        let mut d = vec![0x9f, 0xeb, 1, 0];
+        for v in [
+            24u32,
+            0,
+            t.len() as u32,
+            t.len() as u32,
+            strings.len() as u32,
+        ] {
+            d.extend_from_slice(&v.to_le_bytes());
+        }
+        d.extend_from_slice(&t);
+        d.extend_from_slice(strings);
+        d
+    }
+
+    #[test]
+    fn offsets_through_anonymous_members_that_overflow_are_not_found() {
+        let b = Btf::parse("t", &nested(&[(0, 2, 64)])).unwrap();
+        assert_eq!(b.member_offset("task_struct", "tgid"), Ok(12));
+        // Found by fuzzing: the nested offset overflowed u32 (a panic in debug builds).
+        let b = Btf::parse("t", &nested(&[(0, 2, u32::MAX - 7)])).unwrap();
+        let e = b.member_offset("task_struct", "tgid").unwrap_err();
+        assert!(matches!(e, BtfError::NoMember { .. }), "{e}");
+    }
+
+    #[test]
+    fn a_struct_nested_in_itself_ends_quickly() {
+        // 24 anonymous members that are the struct itself: 24^9 visits without a bound.
+        let b = Btf::parse("t", &nested(&[(0, 1, 0); 24])).unwrap();
+        let started = std::time::Instant::now();
+        let e = b.member_offset("task_struct", "tgid").unwrap_err();
+        assert!(matches!(e, BtfError::NoMember { .. }), "{e}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
     }
 }

@@ -170,10 +170,22 @@ pub fn symbol_file_offset(elf: &[u8], symbol: &str) -> Result<Option<u64>, Strin
     let sec = obj
         .section_by_index(sec_idx)
         .map_err(|e| format!("{symbol}: {e}"))?;
-    let (off, _) = sec
+    let (off, len) = sec
         .file_range()
         .ok_or_else(|| format!("{symbol}: section has no file data"))?;
-    Ok(Some(s.address() - sec.address() + off))
+    // A malformed file may place the symbol outside its section.
+    s.address()
+        .checked_sub(sec.address())
+        .filter(|rel| *rel < len)
+        .and_then(|rel| rel.checked_add(off))
+        .map(Some)
+        .ok_or_else(|| {
+            format!(
+                "{symbol}: address {:#x} outside its section ({:#x}, {len} bytes)",
+                s.address(),
+                sec.address()
+            )
+        })
 }
 
 #[derive(Debug, PartialEq, Eq)]

@@ -119,6 +119,7 @@ fn run_section(
             release_build()?;
             crate::vm::bench_lines()?
         }
+        None if bin == "fuzz" => fuzz_lines(quick)?,
         None => {
             release_build()?;
             json_bench(exe, &args, 1)?
@@ -256,6 +257,12 @@ pub fn run(a: BenchArgs) -> Result<()> {
         sections.push((bin, res));
     }
     sections.push(("vm-rdma", vm));
+    let fuzz = fuzz_lines(a.quick);
+    if let Err(e) = &fuzz {
+        eprintln!("xtask bench: fuzz: {e:#}");
+        failures.push(format!("fuzz: {e:#}"));
+    }
+    sections.push(("fuzz", fuzz));
     let footprint = (0..runs)
         .map(|i| {
             eprintln!("xtask bench: agent footprint, run {}/{runs}", i + 1);
@@ -303,7 +310,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
 /// The first paragraph of a bench's section: what it measures and how.
 fn section_intro(bin: &str) -> &'static str {
     match bin {
-            "controller-bench" => "Controller: GetPinglist latency with 10,000 / 100,000 RNICs (target p99 < 2 ms at 100,000); the web page's JSON endpoints at 100,000 RNICs and 200,000 paths (HTTP/1.1, a connection per request) next to GetPinglist on the same server; registration throughput, PathSummary ingest (target 200,000/s on one core); analyzer_localize: 30 s windows of a 100,000-RNIC fabric (1.2 million summaries, a dead RNIC and a dead link among them, a fifth of the inter-ToR paths with per-label detail from the background) ingested and localized on one core, six in a row, as a share of the window: the worse of the first (cold) and the median once the gray detector's history is full (target < 0.3)",
+            "controller-bench" => "Controller: GetPinglist latency with 10,000 / 100,000 RNICs (target p99 < 2 ms at 100,000); the web page's JSON endpoints at 100,000 RNICs and 200,000 paths (HTTP/1.1, a connection per request) next to GetPinglist on the same server; registration throughput, PathSummary ingest (target 200,000/s on one core); analyzer_localize: 30 s windows of a 100,000-RNIC fabric (1.2 million summaries, a dead RNIC and a dead link among them, a fifth of the inter-ToR paths with per-label detail from the background) ingested and localized on one core, six in a row, as a share of the window: the worse of the first (cold) and the median once the gray detector's history is full (target < 0.3); identity_check: GetPinglist p99 and ReportProbeAnalysis ingest of a controller binding agents to their certificates (mtls) against the same calls without client identities (tls), interleaved (targets p99 <= 1.2x, ingest >= 0.9x)",
+            "fuzz" => "libFuzzer (`cargo xtask fuzz`, cargo-fuzz on nightly with AddressSanitizer) over every untrusted input: each target of `fuzz/fuzz_targets/` for a minute from its checked-in corpus (a fresh copy each run, so coverage does not build up between runs): executions, executions per second, coverage (edges, features) and the corpus it ended with; any crash fails the run",
             "etcd-bench" => "The controller on etcd (Debian's etcd-server on loopback, one member) next to SQLite (a file): \
                 GetPinglist p50/p99 with 100,000 RNICs (25,000 hosts of 4 RNICs, 10 RNICs per ToR), each store's server against ListViolations(limit=0) on itself; \
                 registry_fill: hosts registered per second through the registry API, sequential (etcd: a lease grant or keepalive, a transaction, and the wait for the replica's own watch to apply it); \
@@ -344,7 +352,7 @@ fn section_intro(bin: &str) -> &'static str {
                 faults cycling through link loss 0.5/1/2% (one direction or both), link latency +10/20/50 us, host stalls of mean 0.5/1/2 ms and RNIC loss 0.5/1/2%; of every 8 scenarios one is fault-free, three have one fault of 5-10 windows, two a short one of 2-5 windows, two three faults of different kinds at once. \
                 gray_localization: per kind and magnitude, for faults of 3 windows and more; gray_short_faults: recall of the shorter ones; gray_focus_ablation: the first scenarios again with adaptive probing off (detection with and without); \
                 gray_before_after: the first scenarios again with the rules alone (phase 1's thresholds, the localizer before the gray detector): recall, precision and p95 before and after; \
-                gray_suite: its cost and the extra FOCUS probes; fault_free_day: fault-free hours (24 by default; the footer names the sizes of this run) of a 2,048-RNIC fabric (64 x 8 x 4 x 8) on the same background, every finding counted, and the strongest evidence short of a finding (max_score_nats, against the open score)",
+                gray_suite: its cost and the extra FOCUS probes; fault_free_day: fault-free hours (24 by default; the footer names the sizes of this run) of a 2,048-RNIC fabric (64 x 8 x 4 x 8) on the same background, every finding counted, and the strongest evidence short of a finding (max_score_nats, against the naming bar bar_nats: ln(tests a day / 0.01))",
             "verbs-bench" => "rdma backend without hardware: the address-handle lookup every send pays (AhTable: LRU hit plus the age and loss checks) vs a plain HashMap lookup, and completion -> event (translate + SPSC ring push/pop) vs a plain VecDeque push/pop, same run. \
                 The Go/Zig version calls ibv_create_ah for every probe it sends (a verbs call into the provider, on most NICs a kernel or firmware command); \
                 ours creates one AH per (GID, flow label, SL, TC) path off the send path and reuses it, so the per-send cost is the lookup below. \
@@ -370,6 +378,15 @@ fn section_intro(bin: &str) -> &'static str {
 // JSON-lines benches
 
 type Line = Map<String, Value>;
+
+/// Every libFuzzer target for a minute (5 s with --quick), through `cargo xtask fuzz`.
+fn fuzz_lines(quick: bool) -> Result<Vec<Line>> {
+    crate::fuzz::run(crate::fuzz::FuzzArgs {
+        seconds: if quick { 5 } else { 60 },
+        target: None,
+    })?;
+    recorded_lines(&crate::fuzz::results_path())
+}
 
 /// Runs a bench binary `runs` times; returns per-line medians over the runs.
 /// The JSON object lines of a recorded bench run (other lines skipped).
@@ -1100,6 +1117,25 @@ pub fn target_checks(lines: &[Line]) -> Vec<Check> {
                         "< 0.3".into(),
                         r / 0.3,
                         r < 0.3,
+                    ));
+                }
+            }
+            "identity_check" => {
+                let n = num(l, "rnics").unwrap_or(0.0);
+                if let (Some(p), Some(i)) = (num(l, "ratio_pinglist_p99"), num(l, "ratio_ingest")) {
+                    out.push((
+                        format!("GetPinglist p99 with agent identities bound (mtls) vs none (tls), {n:.0} RNICs"),
+                        format!("{p:.3}x"),
+                        "<= 1.2x".into(),
+                        p / 1.2,
+                        p <= 1.2,
+                    ));
+                    out.push((
+                        format!("ReportProbeAnalysis ingest with identities bound vs none, {n:.0} RNICs"),
+                        format!("{i:.3}x"),
+                        ">= 0.9x".into(),
+                        i / 0.9,
+                        i >= 0.9,
                     ));
                 }
             }

@@ -77,7 +77,7 @@ pub fn build_ebpf(root: &Path) -> Result<PathBuf> {
 }
 
 /// The rustup proxy (understands `+nightly`), not the toolchain cargo running xtask.
-fn rustup_cargo() -> PathBuf {
+pub(crate) fn rustup_cargo() -> PathBuf {
     let home = std::env::var_os("CARGO_HOME")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")));
@@ -104,7 +104,7 @@ fn rustc_nightly(args: &[&str]) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
-fn ensure_nightly() -> Result<()> {
+pub(crate) fn ensure_nightly() -> Result<()> {
     if rustc_nightly(&["-V"]).is_ok() {
         return Ok(());
     }

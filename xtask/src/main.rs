@@ -3,6 +3,7 @@
 mod bench;
 mod build_ebpf;
 mod demo;
+mod fuzz;
 mod package;
 mod procs;
 mod sim;
@@ -46,6 +47,9 @@ enum Cmd {
     Soak(soak::SoakArgs),
     /// Run a fault scenario on the simulated fabric (release build of rpingmesh-sim).
     Sim(sim::SimArgs),
+    /// Run every libFuzzer target (fuzz/, cargo-fuzz, nightly) for N seconds each on its
+    /// corpus; report executions and coverage, fail on a crash.
+    Fuzz(fuzz::FuzzArgs),
     /// Build the .deb packages of the agent and the controller (release, rdma, eBPF
     /// embedded) into target/debian. Part of `test` too (the package install test).
     Package(package::PackageArgs),
@@ -63,6 +67,7 @@ fn main() -> ExitCode {
         Cmd::VmTest => vm::vm_test(),
         Cmd::Soak(a) => soak::run(a),
         Cmd::Sim(a) => sim::run(a),
+        Cmd::Fuzz(a) => fuzz::run(a),
         Cmd::Package(a) => package::run(a),
     };
     match res {
@@ -204,6 +209,12 @@ const NEEDED: &[Need] = &[
         present: || have_tool("etcd"),
         package: "etcd-server",
         why: "the etcd registry's tests start a real etcd on loopback",
+    },
+    Need {
+        what: "openssl",
+        present: || have_tool("openssl"),
+        package: "openssl",
+        why: "the TLS and agent-identity tests make their certificates with the openssl CLI",
     },
     Need {
         what: "cc",

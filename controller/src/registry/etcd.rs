@@ -789,6 +789,22 @@ impl Registry for EtcdRegistry {
         Ok(n)
     }
 
+    fn delete_agent(&mut self, agent_id: &str) -> Result<usize, RegistryError> {
+        let n = {
+            let idx = self.index()?.read().unwrap_or_else(|e| e.into_inner());
+            idx.agent_gids(agent_id).len()
+        };
+        self.commit(
+            "delete",
+            Txn::new().and_then(vec![TxnOp::delete(agent_key(agent_id), None)]),
+        )?;
+        self.leases
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(agent_id);
+        Ok(n)
+    }
+
     /// Leases expire agents in etcd itself (TTL = the stale threshold).
     fn remove_stale(&mut self, _now: u64, _stale_after: u64) -> Result<usize, RegistryError> {
         Ok(0)

@@ -21,7 +21,7 @@ pub const RESOLVED_FINDINGS_KEPT: usize = 1000;
 use crate::config::DatabaseUri;
 
 /// One registered RNIC. `gid` is always in the normalized full form.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct RnicRecord {
     pub gid: String,
     pub qpn: u32,
@@ -74,6 +74,8 @@ pub trait Registry: Send {
     fn lookup_rnic(&self, gid: &str) -> Result<Option<RnicRecord>, RegistryError>;
     /// Refreshes `last_updated` of the agent and its RNICs; returns RNICs touched.
     fn touch(&mut self, agent_id: &str, now: u64) -> Result<usize, RegistryError>;
+    /// Forgets an agent and its RNICs; the number of RNICs it had.
+    fn delete_agent(&mut self, agent_id: &str) -> Result<usize, RegistryError>;
     /// Deletes RNICs not updated for more than `stale_after` seconds (and agents left
     /// without RNICs); returns the number of RNICs removed.
     fn remove_stale(&mut self, now: u64, stale_after: u64) -> Result<usize, RegistryError>;
@@ -168,6 +170,16 @@ impl IndexedRegistry {
             idx.register_agent(agent, rnics, now);
         }
         Ok(())
+    }
+
+    /// Forgets an agent and its RNICs in the store and the index; the number of RNICs.
+    pub fn delete_agent(&self, agent_id: &str) -> Result<usize, RegistryError> {
+        let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
+        let n = store.delete_agent(agent_id)?;
+        if let Some(mut idx) = self.local_index() {
+            idx.remove_agent(agent_id);
+        }
+        Ok(n)
     }
 
     pub fn touch(&self, agent_id: &str, now: u64) -> Result<usize, RegistryError> {

@@ -365,6 +365,17 @@ impl Registry for SqliteRegistry {
         Ok(out)
     }
 
+    fn delete_agent(&mut self, agent_id: &str) -> Result<usize, RegistryError> {
+        let tx = self.conn.transaction()?;
+        let n = tx
+            .prepare_cached("DELETE FROM rnics WHERE agent_id = ?1")?
+            .execute(params![agent_id])?;
+        tx.prepare_cached("DELETE FROM agents WHERE agent_id = ?1")?
+            .execute(params![agent_id])?;
+        tx.commit()?;
+        Ok(n)
+    }
+
     fn remove_stale(&mut self, now: u64, stale_after: u64) -> Result<usize, RegistryError> {
         let cutoff = epoch(now.saturating_sub(stale_after));
         let tx = self.conn.transaction()?;

@@ -4,14 +4,16 @@
 //! the JSON endpoints every few seconds. Handlers are thin: they read the controller's
 //! state and hand it to the pure builders in [`views`].
 
+pub mod https;
 pub mod views;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::extract::{Query, State};
-use axum::http::header;
+use axum::extract::{Query, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
@@ -35,9 +37,11 @@ const MAX_LIMIT: usize = 5000;
 type St = State<Arc<ControllerState>>;
 
 pub fn router(state: Arc<ControllerState>) -> Router {
-    Router::new()
+    // The page itself carries no data: it asks for a token when the API says 401.
+    let open = Router::new()
         .route("/", get(index))
-        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/healthz", get(|| async { "ok\n" }));
+    let api = Router::new()
         .route("/api/overview", get(overview))
         .route("/api/tor-pairs", get(tor_pairs))
         .route("/api/paths", get(paths))
@@ -45,15 +49,50 @@ pub fn router(state: Arc<ControllerState>) -> Router {
         .route("/api/findings", get(findings))
         .route("/api/localized", get(localized))
         .route("/api/rnics", get(rnics))
-        .with_state(state)
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            require_viewer,
+        ));
+    open.merge(api).with_state(state)
 }
 
-/// Binds `addr` and serves the page until the task is aborted.
+/// Lets a request through when it carries a viewer's or operator's bearer token (or when
+/// operator auth is off); otherwise 401 with one line. Also guards /metrics.
+pub async fn require_viewer(State(st): St, req: Request, next: Next) -> Response {
+    let authz = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    match st.operator_auth.authenticate(authz, None) {
+        Ok(_) => next.run(req).await,
+        Err(why) => {
+            let surface = if req.uri().path() == "/metrics" {
+                "metrics"
+            } else {
+                "web"
+            };
+            let status = st.unauthenticated(surface, &why);
+            (
+                StatusCode::UNAUTHORIZED,
+                [(header::WWW_AUTHENTICATE, "Bearer")],
+                format!("{}\n", status.message()),
+            )
+                .into_response()
+        }
+    }
+}
+
+/// Binds `addr` and serves the page until the task is aborted: over TLS when `tls` is
+/// given (`http_tls`), plain HTTP otherwise.
 pub async fn serve(
     addr: SocketAddr,
     state: Arc<ControllerState>,
+    tls: Option<Arc<rustls::ServerConfig>>,
 ) -> std::io::Result<(SocketAddr, JoinHandle<()>)> {
-    rpingmesh_metrics_export::serve(addr, router(state)).await
+    match tls {
+        Some(tls) => https::serve(addr, router(state), tls).await,
+        None => rpingmesh_metrics_export::serve(addr, router(state)).await,
+    }
 }
 
 fn no_store(v: Value) -> Response {

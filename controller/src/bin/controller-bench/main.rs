@@ -24,7 +24,11 @@
 //!   row, the worse of the first (cold) and the median once the detector's history of
 //!   four windows is full.
 //!
-//! `--quick` runs a smaller version (CI smoke); `--web-only` the web_json bench alone, `--localize-only` analyzer_localize alone. Run in release: `cargo xtask bench`.
+//! - identity_check (`identity.rs`): GetPinglist p99 and ReportProbeAnalysis ingest of a
+//!   controller binding agents to their certificates (mtls) against the same calls to one
+//!   without client identities (tls), 100,000 RNICs.
+//!
+//! `--quick` runs a smaller version (CI smoke); `--web-only` the web_json bench alone, `--localize-only` analyzer_localize alone, `--identity-only` identity_check alone. Run in release: `cargo xtask bench`.
 
 use std::time::{Duration, Instant};
 
@@ -43,7 +47,9 @@ use rpingmesh_proto::operator::operator_service_client::OperatorServiceClient;
 use rpingmesh_proto::operator::ListViolationsRequest;
 use serde_json::json;
 
+mod identity;
 mod localize;
+use identity::bench_identity;
 use localize::{bench_localize, LOCALIZE_WINDOWS};
 
 /// Small deterministic PRNG for choosing requesters (no shared RNG state to contend).
@@ -611,12 +617,15 @@ fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     let web_only = std::env::args().any(|a| a == "--web-only");
     let localize_only = std::env::args().any(|a| a == "--localize-only");
-    if let Some(bad) = std::env::args()
-        .skip(1)
-        .find(|a| a != "--quick" && a != "--web-only" && a != "--localize-only")
-    {
+    let identity_only = std::env::args().any(|a| a == "--identity-only");
+    if let Some(bad) = std::env::args().skip(1).find(|a| {
+        !matches!(
+            a.as_str(),
+            "--quick" | "--web-only" | "--localize-only" | "--identity-only"
+        )
+    }) {
         eprintln!(
-            "controller-bench: unknown argument {bad:?} (--quick, --web-only, --localize-only)"
+            "controller-bench: unknown argument {bad:?} (--quick, --web-only, --localize-only, --identity-only)"
         );
         std::process::exit(2);
     }
@@ -625,6 +634,18 @@ fn main() {
             if quick { 2_000 } else { 100_000 },
             if quick { 2 } else { LOCALIZE_WINDOWS },
         );
+        return;
+    }
+    if identity_only {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("tokio runtime");
+        match quick {
+            true => rt.block_on(bench_identity(1_000, 100, 300, 20)),
+            false => rt.block_on(bench_identity(100_000, 10_000, 3_000, 200)),
+        }
         return;
     }
     if web_only {
@@ -656,11 +677,13 @@ fn main() {
             bench_pinglist(1_000, 100, 300).await;
             bench_web(1_000, 100, 30).await;
             bench_register(1_000, Duration::from_secs(2)).await;
+            bench_identity(1_000, 100, 300, 20).await;
         } else {
             bench_pinglist(10_000, 1_000, 3_000).await;
             bench_pinglist(100_000, 10_000, 3_000).await;
             bench_web(100_000, 10_000, 100).await;
             bench_register(20_000, Duration::from_secs(5)).await;
+            bench_identity(100_000, 10_000, 3_000, 200).await;
         }
     });
 }

@@ -37,10 +37,13 @@ use rpingmesh_proto::operator::{
 };
 
 use crate::analyzer::{Analyzer, PathFilter, ViolationKind};
-use crate::config::{ControllerConfig, DatabaseUri};
+use crate::audit::{AuditEntry, AuditLog};
+use crate::auth::{agent_rules, AgentAuth, Caller, Denial, OperatorAuth};
+use crate::config::{ControllerConfig, DatabaseUri, TlsMode};
 use crate::ecmp;
 use crate::focus::FocusPlanner;
 use crate::leader::Leadership;
+use crate::limits::RateLimiter;
 use crate::liveness::{heartbeat_interval_sec, StallWatch};
 use crate::localize::{ComponentKind, Localizer};
 use crate::pinglist::{self, PinglistParams};
@@ -49,6 +52,34 @@ use crate::registry::{
 };
 use crate::service_paths::{ServicePathFilter, ServicePathParams, ServicePathTable, OTHER_SERVICE};
 use crate::telemetry::AnalyzerMetrics;
+
+mod agent_rpc;
+mod operator_rpc;
+
+/// The client TLS replicas forward with: none without TLS; the CA (`tls_ca_file`) under
+/// tls and mtls, and under mtls this replica's own certificate as its identity (so the
+/// leader knows a replica forwards). The leader's name is its address unless
+/// `tls_server_name` says otherwise.
+fn replica_tls(
+    cfg: &ControllerConfig,
+) -> anyhow::Result<Option<tonic::transport::ClientTlsConfig>> {
+    let mode = cfg.tls()?;
+    if mode == TlsMode::Disabled || cfg.tls_ca_file.trim().is_empty() {
+        return Ok(None);
+    }
+    rpingmesh_proto::endpoint::client_tls_config(
+        mode == TlsMode::Mtls,
+        &cfg.tls_ca_file,
+        &cfg.tls_cert_file,
+        &cfg.tls_key_file,
+        &cfg.tls_server_name,
+    )
+    .map(Some)
+    .map_err(|e| anyhow::anyhow!("replica forwarding TLS: {e}"))
+}
+
+/// Callers whose registration rate is tracked at once (far above any fleet's agents).
+const MAX_RATE_LIMITED_CALLERS: usize = 200_000;
 
 /// Wall clock in Unix nanoseconds; injectable so tests can age registrations.
 pub type Clock = Arc<dyn Fn() -> u64 + Send + Sync>;
@@ -173,6 +204,9 @@ pub struct ControllerState {
     /// Whether this replica led at the last findings tick (a new leader first takes the
     /// stored findings over).
     led: AtomicBool,
+    /// TLS of the channels to the leader (tls_mode tls or mtls: the same CA, and under
+    /// mtls this replica's certificate as its client identity).
+    replica_tls: Option<tonic::transport::ClientTlsConfig>,
     /// Channels to the leader, by address, for forwarded path reports.
     leader_clients: Mutex<HashMap<String, ControllerServiceClient<Channel>>>,
     /// `None` when `analyzer_enabled` is false.
@@ -193,6 +227,19 @@ pub struct ControllerState {
     /// shutdown waits for every open call).
     stopping: watch::Sender<bool>,
     pub metrics: AnalyzerMetrics,
+    /// Agent identities under mTLS (what each agent may say: `crate::auth`).
+    pub auth: AgentAuth,
+    /// Roles on the operator surfaces (`crate::auth::operator`).
+    pub operator_auth: OperatorAuth,
+    pub audit: AuditLog,
+    /// Calls refused by the identity rules (also a metric by RPC and reason).
+    pub auth_denied: AtomicU64,
+    /// Registrations per caller per minute (`max_registrations_per_minute`).
+    registrations: Mutex<RateLimiter>,
+    pub max_rnics_per_agent: usize,
+    pub max_summaries_per_report: usize,
+    /// Calls refused by a limit (also a metric by RPC and limit).
+    pub limited: AtomicU64,
     pub pinglist: PinglistParams,
     pub pinglist_seed: Option<u64>,
     pub stale_threshold_sec: u64,
@@ -282,6 +329,7 @@ impl ControllerState {
             leadership: Arc::new(Leadership::solo()),
             etcd_endpoints: None,
             led: AtomicBool::new(true),
+            replica_tls: replica_tls(cfg)?,
             leader_clients: Mutex::new(HashMap::new()),
             analyzer,
             findings_tx: broadcast::channel(FINDINGS_CHANNEL_CAPACITY).0,
@@ -291,6 +339,20 @@ impl ControllerState {
             focus_windows: AtomicU64::new(0),
             stopping: watch::channel(false).0,
             metrics,
+            auth: cfg.agent_auth()?,
+            operator_auth: {
+                let (on, roles) = cfg.operator_auth_enabled()?;
+                OperatorAuth::new(on, &cfg.operator_tokens_file, roles, cfg.agent_auth()?.from)?
+            },
+            audit: AuditLog::open(&cfg.audit_log_file)?,
+            auth_denied: AtomicU64::new(0),
+            registrations: Mutex::new(RateLimiter::new(
+                cfg.max_registrations_per_minute,
+                MAX_RATE_LIMITED_CALLERS,
+            )),
+            max_rnics_per_agent: cfg.max_rnics_per_agent as usize,
+            max_summaries_per_report: cfg.max_summaries_per_report as usize,
+            limited: AtomicU64::new(0),
             pinglist: PinglistParams {
                 active_threshold_sec: cfg.active_threshold_sec,
                 inter_tor_sample_size: cfg.inter_tor_sample_size as usize,
@@ -314,6 +376,88 @@ impl ControllerState {
             stall: Mutex::new(StallWatch::default()),
             started: Instant::now(),
         })
+    }
+
+    /// Refuses a call the identity rules deny: counted, logged, audited, and
+    /// PERMISSION_DENIED with the one line naming both identities.
+    pub fn refuse(&self, who: &str, role: &str, target: &str, d: Denial) -> Status {
+        self.auth_denied.fetch_add(1, Ordering::Relaxed);
+        self.metrics.auth_denied(d.rpc, d.reason);
+        tracing::warn!(
+            who,
+            rpc = d.rpc,
+            reason = d.reason,
+            "refused: {}",
+            d.message
+        );
+        self.audit(who, role, d.rpc, target, &format!("denied: {}", d.message));
+        Status::permission_denied(d.message)
+    }
+
+    /// Refuses an operator-side call without a valid credential: counted, logged,
+    /// audited, UNAUTHENTICATED.
+    pub fn unauthenticated(&self, surface: &'static str, why: &str) -> Status {
+        self.auth_denied.fetch_add(1, Ordering::Relaxed);
+        self.metrics.auth_denied(surface, "unauthenticated");
+        tracing::warn!(surface, "refused: {why}");
+        self.audit(
+            "unidentified",
+            "unauthenticated",
+            surface,
+            "",
+            &format!("denied: {why}"),
+        );
+        Status::unauthenticated(format!("{surface}: {why}"))
+    }
+
+    /// Refuses a call over a limit: counted, logged, audited, RESOURCE_EXHAUSTED.
+    pub fn over_limit(
+        &self,
+        who: &str,
+        rpc: &'static str,
+        limit: &'static str,
+        target: &str,
+        message: String,
+    ) -> Status {
+        let message = format!("{rpc}: {message} ({limit})");
+        self.limited.fetch_add(1, Ordering::Relaxed);
+        self.metrics.limited(rpc, limit);
+        tracing::warn!(who, rpc, limit, "refused: {message}");
+        self.audit(who, "agent", rpc, target, &format!("limited: {message}"));
+        Status::resource_exhausted(message)
+    }
+
+    /// Takes one registration of `caller` from its budget, or says when the next fits.
+    pub fn take_registration(&self, caller: &str) -> Result<(), Status> {
+        let now = self.now_ns();
+        let mut l = self.registrations.lock().unwrap_or_else(|e| e.into_inner());
+        let verdict = l.try_take(caller, now);
+        let per_minute = l.per_minute();
+        drop(l);
+        verdict.map_err(|wait_ns| {
+            self.over_limit(
+                caller,
+                "RegisterAgent",
+                "max_registrations_per_minute",
+                caller,
+                format!(
+                    "{caller:?} registered {per_minute} times within a minute; the next is taken in {:.1} s",
+                    wait_ns as f64 / 1e9
+                ),
+            )
+        })
+    }
+
+    /// One audit log entry, timed now.
+    pub fn audit(&self, who: &str, role: &str, rpc: &str, target: &str, result: &str) {
+        self.audit.record(&AuditEntry {
+            time_unix_ns: self.now_ns(),
+            who,
+            role,
+            rpc,
+            target,
+            result,
+        });
     }
 
     pub fn now_ns(&self) -> u64 {
@@ -559,10 +703,25 @@ impl ControllerState {
             match m.get(&addr) {
                 Some(c) => c.clone(),
                 None => {
-                    let ep = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-                        .ok()?
-                        .connect_timeout(Duration::from_secs(2))
-                        .timeout(Duration::from_secs(5));
+                    let scheme = if self.replica_tls.is_some() {
+                        "https"
+                    } else {
+                        "http"
+                    };
+                    let mut ep =
+                        tonic::transport::Endpoint::from_shared(format!("{scheme}://{addr}"))
+                            .ok()?
+                            .connect_timeout(Duration::from_secs(2))
+                            .timeout(Duration::from_secs(5));
+                    if let Some(tls) = &self.replica_tls {
+                        ep = match ep.tls_config(tls.clone()) {
+                            Ok(ep) => ep,
+                            Err(e) => {
+                                tracing::warn!(leader = %addr, error = %e, "TLS to the analysis leader cannot be set up; report kept here");
+                                return None;
+                            }
+                        };
+                    }
                     let c = ControllerServiceClient::new(ep.connect_lazy());
                     m.insert(addr.clone(), c.clone());
                     c
@@ -1029,517 +1188,6 @@ pub struct ControllerSvc(pub Arc<ControllerState>);
 
 #[derive(Clone)]
 pub struct OperatorSvc(pub Arc<ControllerState>);
-
-#[tonic::async_trait]
-impl ControllerService for ControllerSvc {
-    async fn report_host_health(
-        &self,
-        request: Request<HostHealthReport>,
-    ) -> Result<Response<HostHealthAck>, Status> {
-        let r = request.into_inner();
-        let (host, n) = (r.hostname.clone(), r.findings.len());
-        self.0.report_host(r)?;
-        tracing::info!(hostname = %host, findings = n, "host report taken");
-        Ok(Response::new(HostHealthAck { accepted: true }))
-    }
-
-    async fn report_service_flows(
-        &self,
-        request: Request<ServiceFlowReport>,
-    ) -> Result<Response<ServiceFlowAck>, Status> {
-        let req = request.into_inner();
-        if req.agent_id.trim().is_empty() {
-            return Err(Status::invalid_argument(
-                "service flow report: agent_id is empty",
-            ));
-        }
-        let st = &self.0;
-        let agent_id = req.agent_id.clone();
-        let (full_sync, n_up, n_rm) = (req.full_sync, req.upserts.len(), req.removals.len());
-        let now = st.now_ns();
-        let out = {
-            let idx = st.registry.index();
-            if idx.agent(&agent_id).is_none() {
-                return Err(Status::not_found(format!(
-                    "service flow report: agent {agent_id:?} is not registered (register first)"
-                )));
-            }
-            st.service_table()
-                .apply(&agent_id, idx.agent_gids(&agent_id), req, now)
-        };
-        st.note_alive(&agent_id);
-        if st.registry.is_shared() {
-            st.share_service_flows(&agent_id, now);
-        }
-        if out.dropped_bad_gid > 0 {
-            tracing::warn!(
-                agent_id = %agent_id,
-                dropped = out.dropped_bad_gid,
-                example = %out.example_bad_gid.as_deref().unwrap_or_default(),
-                "dropped service flows with invalid GIDs"
-            );
-        }
-        if let Some(g) = &out.first_foreign_source {
-            // Once per agent: a tracer seeing other hosts' GIDs would otherwise flood.
-            tracing::warn!(
-                agent_id = %agent_id,
-                local_gid = %g,
-                "dropped service flows whose local GID is not one of the agent's registered RNICs (logged once per agent)"
-            );
-        }
-        if out.rejected_over_limit > 0 {
-            tracing::warn!(
-                agent_id = %agent_id,
-                rejected = out.rejected_over_limit,
-                flows_known = out.flows_known,
-                "service flows over max_service_flows_per_agent rejected"
-            );
-        }
-        tracing::debug!(
-            agent_id = %agent_id,
-            full_sync,
-            upserts = n_up,
-            removals = n_rm,
-            flows_known = out.flows_known,
-            resync_required = out.resync_required,
-            "service flows reported"
-        );
-        Ok(Response::new(ServiceFlowAck {
-            accepted: true,
-            resync_required: out.resync_required,
-            flows_known: out.flows_known,
-        }))
-    }
-
-    async fn register_agent(
-        &self,
-        request: Request<AgentRegistrationRequest>,
-    ) -> Result<Response<AgentRegistrationResponse>, Status> {
-        let req = request.into_inner();
-        if req.agent_id.trim().is_empty() {
-            return Err(Status::invalid_argument("registration: agent_id is empty"));
-        }
-        if req.tor_id.trim().is_empty() {
-            return Err(Status::invalid_argument(format!(
-                "registration of agent {:?}: tor_id is empty",
-                req.agent_id
-            )));
-        }
-        if req.rnics.is_empty() {
-            return Err(Status::invalid_argument(format!(
-                "registration of agent {:?} has no RNICs",
-                req.agent_id
-            )));
-        }
-        let mut rnics: Vec<RnicRecord> = Vec::with_capacity(req.rnics.len());
-        for r in &req.rnics {
-            let gid = normalize_gid(&r.gid).map_err(|e| {
-                Status::invalid_argument(format!("registration of agent {:?}: {e}", req.agent_id))
-            })?;
-            if rnics.iter().any(|x| x.gid == gid) {
-                return Err(Status::invalid_argument(format!(
-                    "registration of agent {:?}: duplicate GID {gid}",
-                    req.agent_id
-                )));
-            }
-            rnics.push(RnicRecord {
-                gid,
-                qpn: r.qpn,
-                ip_address: r.ip_address.clone(),
-                host_name: if r.host_name.is_empty() {
-                    req.hostname.clone()
-                } else {
-                    r.host_name.clone()
-                },
-                // RNICs inherit the agent's ToR unless they name their own (multi-rail).
-                tor_id: if r.tor_id.is_empty() {
-                    req.tor_id.clone()
-                } else {
-                    r.tor_id.clone()
-                },
-                device_name: r.device_name.clone(),
-                agent_id: req.agent_id.clone(),
-                last_updated: 0,
-            });
-        }
-        let agent = AgentRecord {
-            agent_id: req.agent_id.clone(),
-            agent_ip: req.agent_ip.clone(),
-            hostname: req.hostname.clone(),
-            tor_id: req.tor_id.clone(),
-            last_updated: 0,
-        };
-        let now = self.0.liveness_now_sec();
-        self.0
-            .registry
-            .register_agent(&agent, &rnics, now)
-            .map_err(store_err)?;
-        self.0
-            .note_agent_version(&agent.agent_id, &req.agent_version);
-        tracing::info!(agent_id = %agent.agent_id, tor_id = %agent.tor_id, rnics = rnics.len(), "agent registered");
-        Ok(Response::new(AgentRegistrationResponse {
-            success: true,
-            message: format!(
-                "registered {} RNIC(s) for agent {}",
-                rnics.len(),
-                agent.agent_id
-            ),
-            heartbeat_interval_sec: heartbeat_interval_sec(self.0.pinglist.active_threshold_sec),
-        }))
-    }
-
-    async fn get_pinglist(
-        &self,
-        request: Request<PinglistRequest>,
-    ) -> Result<Response<PinglistResponse>, Status> {
-        let req = request.into_inner();
-        let ty = PinglistType::try_from(req.r#type).map_err(|_| {
-            Status::invalid_argument(format!("unknown pinglist type {}", req.r#type))
-        })?;
-        let requester = if req.requester_gid.is_empty() {
-            None
-        } else {
-            Some(gid_arg("requester_gid", &req.requester_gid)?)
-        };
-        let st = &self.0;
-        let now = st.liveness_now_sec();
-        let idx = st.registry.index();
-        if !req.agent_id.is_empty() && idx.agent(&req.agent_id).is_none() {
-            return Err(Status::not_found(format!(
-                "agent {:?} is not registered",
-                req.agent_id
-            )));
-        }
-        let (tor, exclude): (String, Vec<&str>) = match &requester {
-            Some(g) => {
-                let r = idx.rnic(g).ok_or_else(|| {
-                    Status::not_found(format!("requester GID {g} is not registered"))
-                })?;
-                (r.tor_id.clone(), vec![g.as_str()])
-            }
-            None if !req.agent_id.is_empty() => {
-                let a = idx.agent(&req.agent_id).expect("checked above");
-                (
-                    a.tor_id.clone(),
-                    idx.agent_gids(&req.agent_id)
-                        .iter()
-                        .map(String::as_str)
-                        .collect(),
-                )
-            }
-            None => {
-                return Err(Status::invalid_argument(
-                    "pinglist request names neither requester_gid nor agent_id",
-                ))
-            }
-        };
-        let requester_key = requester.as_deref().unwrap_or(&req.agent_id);
-        let mut rng = st.request_rng(requester_key, ty);
-        let targets = match ty {
-            PinglistType::TorMesh => {
-                pinglist::tor_mesh(&idx, &tor, &exclude, requester_key, now, &st.pinglist)
-            }
-            PinglistType::InterTor => {
-                pinglist::inter_tor(&idx, &tor, requester_key, now, &st.pinglist, &mut rng)
-            }
-            PinglistType::Focus => {
-                let f = st.focus.lock().unwrap_or_else(|e| e.into_inner());
-                exclude
-                    .iter()
-                    .flat_map(|g| f.targets_for(g).iter().cloned())
-                    .collect()
-            }
-            PinglistType::Service => {
-                let sources: Vec<&str> = match &requester {
-                    Some(g) => vec![g.as_str()],
-                    None => exclude.clone(),
-                };
-                let now_ns = st.now_ns();
-                let table = st.service_table();
-                let mut out = Vec::new();
-                for g in sources {
-                    let Some(owner) = idx.rnic(g).map(|r| r.agent_id.as_str()) else {
-                        continue;
-                    };
-                    out.extend(table.pinglist(
-                        &idx,
-                        owner,
-                        g,
-                        now_ns,
-                        st.pinglist.active_threshold_sec,
-                    ));
-                }
-                out
-            }
-        };
-        let owner = match &requester {
-            Some(g) => idx.rnic(g).map(|r| r.agent_id.clone()),
-            None => Some(req.agent_id.clone()),
-        };
-        drop(idx);
-        if let Some(agent) = owner {
-            st.note_alive(&agent);
-        }
-        Ok(Response::new(PinglistResponse {
-            targets,
-            r#type: ty as i32,
-        }))
-    }
-
-    async fn report_probe_analysis(
-        &self,
-        request: Request<ProbeAnalysisReport>,
-    ) -> Result<Response<ProbeAnalysisAck>, Status> {
-        let req = request.into_inner();
-        let st = &self.0;
-        st.note_alive(&req.agent_id);
-        if let Some(ack) = st.forward_to_leader(&req).await {
-            return Ok(Response::new(ack));
-        }
-        let Some(analyzer) = &st.analyzer else {
-            return Ok(Response::new(ProbeAnalysisAck {
-                accepted: false,
-                sla_violations: 0,
-                focus_generation: 0,
-            }));
-        };
-        let total = req.summaries.len();
-        let mut batch: Vec<PathSummary> = Vec::with_capacity(total);
-        let mut first_bad: Option<String> = None;
-        for mut s in req.summaries {
-            let ok_src = normalize_in_place(&mut s.source_gid);
-            let ok_dst = normalize_in_place(&mut s.target_gid);
-            if ok_src && ok_dst {
-                batch.push(s);
-            } else if first_bad.is_none() {
-                first_bad = Some(if ok_src { s.target_gid } else { s.source_gid });
-            }
-        }
-        let dropped = total - batch.len();
-        let now_ns = st.now_ns();
-        let report = analyzer
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .ingest(batch, now_ns);
-        st.metrics.summaries_ingested(report.ingested as u64);
-        let has_service = report
-            .violations
-            .iter()
-            .any(|v| v.summary.pinglist_type == PinglistType::Service as i32);
-        // Agent-supplied names become metric attributes only when the table hands them out.
-        let table = has_service.then(|| st.service_table());
-        for v in &report.violations {
-            let s = &v.summary;
-            let service = match &table {
-                Some(t) if s.pinglist_type == PinglistType::Service as i32 => {
-                    Some(if t.is_known_service(&s.service) {
-                        s.service.as_str()
-                    } else {
-                        OTHER_SERVICE
-                    })
-                }
-                _ => None,
-            };
-            st.metrics
-                .violation(&s.source_tor_id, &s.target_tor_id, v.kind, service);
-            tracing::warn!(
-                kind = v.kind.as_str(),
-                source_gid = %s.source_gid,
-                target_gid = %s.target_gid,
-                source_tor = %s.source_tor_id,
-                target_tor = %s.target_tor_id,
-                window_start_unix_ns = s.window_start_unix_ns,
-                probe_total = s.probe_total,
-                probe_failed = s.probe_failed,
-                network_rtt_p99_ns = s.network_rtt_p99_ns,
-                service = %s.service,
-                "SLA violation"
-            );
-        }
-        drop(table);
-        if dropped > 0 {
-            st.dropped_summaries
-                .fetch_add(dropped as u64, Ordering::Relaxed);
-            tracing::warn!(
-                agent_id = %req.agent_id,
-                dropped,
-                example_gid = ?first_bad.unwrap_or_default(),
-                "dropped path summaries with invalid GIDs"
-            );
-        }
-        Ok(Response::new(ProbeAnalysisAck {
-            accepted: dropped == 0 || report.ingested > 0,
-            sla_violations: report.violations.len() as u32,
-            focus_generation: st.focus_generation(),
-        }))
-    }
-}
-
-fn optional_gid(field: &str, text: &str) -> Result<String, Status> {
-    if text.is_empty() {
-        Ok(String::new())
-    } else {
-        gid_arg(field, text)
-    }
-}
-
-#[tonic::async_trait]
-impl OperatorService for OperatorSvc {
-    type WatchFindingsStream =
-        std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<FindingEvent, Status>> + Send>>;
-
-    async fn list_hosts(
-        &self,
-        request: Request<ListHostsRequest>,
-    ) -> Result<Response<ListHostsResponse>, Status> {
-        let hosts = self.0.hosts(request.into_inner().problems_only);
-        Ok(Response::new(ListHostsResponse { hosts }))
-    }
-
-    async fn get_host(
-        &self,
-        request: Request<GetHostRequest>,
-    ) -> Result<Response<HostHealth>, Status> {
-        let name = request.into_inner().hostname;
-        self.0
-            .host(&name)
-            .map(Response::new)
-            .ok_or_else(|| Status::not_found(format!("host {name:?} has sent no Hostping report")))
-    }
-
-    async fn list_findings(
-        &self,
-        request: Request<ListFindingsRequest>,
-    ) -> Result<Response<ListFindingsResponse>, Status> {
-        let req = request.into_inner();
-        let findings = self.0.findings(req.resolved_limit as usize, &req.kind)?;
-        Ok(Response::new(ListFindingsResponse { findings }))
-    }
-
-    /// One "snapshot" event per current finding, then the live changes. What the server
-    /// holds per subscriber is bounded by [`FINDINGS_CHANNEL_CAPACITY`]: a subscriber
-    /// that falls further behind gets DATA_LOSS (which ends the call; calling again gives
-    /// a fresh snapshot), never an unbounded buffer.
-    async fn watch_findings(
-        &self,
-        request: Request<WatchFindingsRequest>,
-    ) -> Result<Response<Self::WatchFindingsStream>, Status> {
-        let kind = request.into_inner().kind;
-        let mut stopping = self.0.stopping.subscribe();
-        if *stopping.borrow_and_update() {
-            return Err(shutting_down());
-        }
-        let (snapshot, mut changes) = self.0.watch_findings(&kind)?;
-        // A small hand-off to the response: what waits for a slow client is the broadcast
-        // receiver's backlog, bounded by the channel's capacity.
-        let (tx, rx) = mpsc::channel::<Result<FindingEvent, Status>>(16);
-        tokio::spawn(async move {
-            for f in snapshot {
-                let e = FindingEvent {
-                    change: "snapshot".into(),
-                    finding: Some(f),
-                };
-                if !forward(&tx, &mut stopping, Ok(e)).await {
-                    return;
-                }
-            }
-            loop {
-                let next = tokio::select! {
-                    r = changes.recv() => r,
-                    _ = stopping.changed() => {
-                        let _ = tx.try_send(Err(shutting_down()));
-                        return;
-                    }
-                    _ = tx.closed() => return,
-                };
-                let out = match next {
-                    Ok(e) if kind.is_empty() || e.finding.as_ref().is_some_and(|f| f.kind == kind) => {
-                        Ok(e)
-                    }
-                    Ok(_) => continue,
-                    Err(broadcast::error::RecvError::Lagged(n)) => Err(Status::data_loss(format!(
-                        "WatchFindings: this watcher fell {n} changes behind; call WatchFindings again for a fresh snapshot"
-                    ))),
-                    Err(broadcast::error::RecvError::Closed) => return,
-                };
-                let last = out.is_err();
-                if !forward(&tx, &mut stopping, out).await || last {
-                    return;
-                }
-            }
-        });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
-    }
-    async fn list_service_paths(
-        &self,
-        request: Request<ListServicePathsRequest>,
-    ) -> Result<Response<ListServicePathsResponse>, Status> {
-        let req = request.into_inner();
-        let gid = optional_gid("gid", &req.gid)?;
-        let paths = self.0.service_paths(&ServicePathFilter {
-            service: &req.service,
-            gid: &gid,
-            source_tor_id: &req.source_tor_id,
-            target_tor_id: &req.target_tor_id,
-        });
-        Ok(Response::new(ListServicePathsResponse { paths }))
-    }
-
-    async fn list_paths(
-        &self,
-        request: Request<ListPathsRequest>,
-    ) -> Result<Response<ListPathsResponse>, Status> {
-        let req = request.into_inner();
-        let source_gid = optional_gid("source_gid", &req.source_gid)?;
-        let target_gid = optional_gid("target_gid", &req.target_gid)?;
-        let filter = PathFilter {
-            source_tor_id: &req.source_tor_id,
-            target_tor_id: &req.target_tor_id,
-            source_gid: &source_gid,
-            target_gid: &target_gid,
-        };
-        let paths = self.0.paths(&filter, req.all_windows);
-        Ok(Response::new(ListPathsResponse { paths }))
-    }
-
-    async fn list_tor_pairs(
-        &self,
-        _request: Request<ListTorPairsRequest>,
-    ) -> Result<Response<ListTorPairsResponse>, Status> {
-        let pairs = self.0.tor_pairs();
-        Ok(Response::new(ListTorPairsResponse { pairs }))
-    }
-
-    async fn list_rnics(
-        &self,
-        request: Request<ListRnicsRequest>,
-    ) -> Result<Response<ListRnicsResponse>, Status> {
-        let rnics = self.0.rnic_statuses(&request.into_inner().tor_id);
-        Ok(Response::new(ListRnicsResponse { rnics }))
-    }
-
-    async fn list_violations(
-        &self,
-        request: Request<ListViolationsRequest>,
-    ) -> Result<Response<ListViolationsResponse>, Status> {
-        let limit = request.into_inner().limit as usize;
-        let violations = match &self.0.analyzer {
-            Some(a) => a
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .violations(limit)
-                .into_iter()
-                .map(|v| ViolationMsg {
-                    kind: v.kind.as_str().to_string(),
-                    summary: Some(v.summary),
-                    detected_unix_ns: v.detected_unix_ns,
-                })
-                .collect(),
-            None => Vec::new(),
-        };
-        Ok(Response::new(ListViolationsResponse { violations }))
-    }
-}
 
 #[cfg(test)]
 mod tests {
