@@ -145,6 +145,7 @@ pub fn start<R: Into<OpenedRnic>>(
             rx,
             cfg.report_batch_max,
             focus_tx,
+            cfg.focus_probe_rate_per_second > 0.0,
         ));
         (Some(sink), Some(task))
     } else {

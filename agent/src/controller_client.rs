@@ -263,6 +263,25 @@ impl ControllerClient {
         .await
     }
 
+    /// An empty report the controller answers once it has localized the window starting
+    /// at `window_start_unix_ns` (adaptive probing: the ack's FOCUS generation follows it).
+    pub async fn await_window(
+        &self,
+        agent_id: &str,
+        window_start_unix_ns: u64,
+    ) -> Result<ProbeAnalysisAck, ControllerError> {
+        let req = ProbeAnalysisReport {
+            agent_id: agent_id.to_string(),
+            summaries: Vec::new(),
+            await_window_unix_ns: window_start_unix_ns,
+        };
+        self.call(|mut c| {
+            let r = req.clone();
+            async move { c.report_probe_analysis(r).await }
+        })
+        .await
+    }
+
     pub async fn report(
         &self,
         agent_id: &str,
@@ -271,6 +290,7 @@ impl ControllerClient {
         let req = ProbeAnalysisReport {
             agent_id: agent_id.to_string(),
             summaries,
+            ..Default::default()
         };
         self.call(|mut c| {
             let r = req.clone();

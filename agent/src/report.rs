@@ -200,17 +200,30 @@ type InFlight = std::pin::Pin<
 /// summaries keep moving from the channel to the outbox, so the probing side never
 /// finds the channel full because the controller is slow.
 /// `focus` gets each ack's `focus_generation` (the cluster monitors fetch their FOCUS
-/// lists again when it moves).
+/// lists again when it moves). With `await_focus`, once a window's summaries are all
+/// delivered the reporter also holds one empty report open until the controller has
+/// localized that window ([`FocusAwait`]), so FOCUS lists planned from it arrive within
+/// the next window rather than with its report.
 pub async fn run_reporter(
     client: ControllerClient,
     agent_id: String,
     mut rx: mpsc::Receiver<PathSummary>,
     batch_max: usize,
     focus: tokio::sync::watch::Sender<u64>,
+    await_focus: bool,
 ) {
     let batch_max = batch_max.max(1);
     let mut outbox = Outbox::new(OUTBOX_CAP);
-    let mut in_flight: Option<(usize, InFlight)> = None;
+    let mut in_flight: Option<(usize, u64, InFlight)> = None;
+    let mut awaits = FocusAwait::new(await_focus);
+    let mut awaiting: Option<(u64, InFlight)> = None;
+    let note_focus = |ack: &ProbeAnalysisAck| {
+        focus.send_if_modified(|g| {
+            let moved = *g != ack.focus_generation;
+            *g = ack.focus_generation;
+            moved
+        });
+    };
     let mut retry_at = tokio::time::Instant::now();
     let mut open = true;
     let mut dropped_logged = 0u64;
@@ -218,9 +231,15 @@ pub async fn run_reporter(
         if in_flight.is_none() && !outbox.is_empty() && tokio::time::Instant::now() >= retry_at {
             let batch = outbox.batch(batch_max);
             let n = batch.len();
+            let newest = batch
+                .iter()
+                .map(|s| s.window_start_unix_ns)
+                .max()
+                .unwrap_or(0);
             let (c, id) = (client.clone(), agent_id.clone());
             in_flight = Some((
                 n,
+                newest,
                 Box::pin(async move {
                     tokio::time::timeout(Duration::from_secs(10), c.report(&id, batch)).await
                 }),
@@ -250,8 +269,8 @@ pub async fn run_reporter(
                     retry_at = tokio::time::Instant::now();
                 }
             },
-            r = async { in_flight.as_mut().expect("guarded").1.as_mut().await }, if in_flight.is_some() => {
-                let (n, _) = in_flight.take().expect("guarded");
+            r = async { in_flight.as_mut().expect("guarded").2.as_mut().await }, if in_flight.is_some() => {
+                let (n, newest, _) = in_flight.take().expect("guarded");
                 match r {
                     Ok(Ok(ack)) => {
                         if outbox.failing() {
@@ -259,11 +278,13 @@ pub async fn run_reporter(
                         }
                         outbox.sent(n);
                         tracing::debug!(summaries = n, accepted = ack.accepted, sla_violations = ack.sla_violations, "reported");
-                        focus.send_if_modified(|g| {
-                            let moved = *g != ack.focus_generation;
-                            *g = ack.focus_generation;
-                            moved
-                        });
+                        note_focus(&ack);
+                        awaits.reported(newest);
+                        if outbox.is_empty() && awaiting.is_none() {
+                            if let Some(w) = awaits.next_window() {
+                                awaiting = Some((w, await_window(&client, &agent_id, w)));
+                            }
+                        }
                     }
                     Ok(Err(e)) => {
                         if !outbox.failing() {
@@ -282,8 +303,82 @@ pub async fn run_reporter(
                     return; // shutting down: no retries
                 }
             },
+            r = async { awaiting.as_mut().expect("guarded").1.as_mut().await }, if awaiting.is_some() => {
+                let (w, _) = awaiting.take().expect("guarded");
+                let through = match r {
+                    Ok(Ok(ack)) => {
+                        note_focus(&ack);
+                        ack.localized_through_unix_ns
+                    }
+                    // An await that fails costs only promptness: the next window's ack
+                    // carries the generation too.
+                    _ => 0,
+                };
+                if let Some(w) = awaits.answered(w, through) {
+                    awaiting = Some((w, await_window(&client, &agent_id, w)));
+                }
+            },
             _ = tokio::time::sleep_until(retry_at), if in_flight.is_none() && !outbox.is_empty() && open => {}
         }
+    }
+}
+
+/// An empty report that the controller answers once it has localized window `w`.
+fn await_window(client: &ControllerClient, agent_id: &str, w: u64) -> InFlight {
+    let (c, id) = (client.clone(), agent_id.to_string());
+    Box::pin(
+        async move { tokio::time::timeout(Duration::from_secs(10), c.await_window(&id, w)).await },
+    )
+}
+
+/// Which window the reporter awaits the localization of (pure). One await per window,
+/// for the newest window delivered; a controller that answered before it localized the
+/// window (its wait is bounded below the RPC timeout) is asked again, at most
+/// [`FocusAwait::MAX_TRIES`] times in all; a controller that localizes nothing (0) is
+/// not asked again for that window.
+#[derive(Debug, Default)]
+pub struct FocusAwait {
+    enabled: bool,
+    /// The newest window whose summaries were delivered.
+    delivered: u64,
+    /// The newest window awaited, and the tries for it.
+    awaited: u64,
+    tries: u32,
+}
+
+impl FocusAwait {
+    pub const MAX_TRIES: u32 = 3;
+
+    pub fn new(enabled: bool) -> Self {
+        FocusAwait {
+            enabled,
+            ..Default::default()
+        }
+    }
+
+    /// A batch whose newest window started at `newest` was delivered.
+    pub fn reported(&mut self, newest: u64) {
+        self.delivered = self.delivered.max(newest);
+    }
+
+    /// The window to await now, if any (called when everything queued is delivered).
+    pub fn next_window(&mut self) -> Option<u64> {
+        if !self.enabled || self.delivered == 0 || self.delivered <= self.awaited {
+            return None;
+        }
+        self.awaited = self.delivered;
+        self.tries = 1;
+        Some(self.awaited)
+    }
+
+    /// The await of `w` was answered with `through` localized: the window to await
+    /// next (the same one again, or a newer one delivered meanwhile).
+    pub fn answered(&mut self, w: u64, through: u64) -> Option<u64> {
+        if w == self.awaited && through > 0 && through < w && self.tries < Self::MAX_TRIES {
+            self.tries += 1;
+            return Some(w);
+        }
+        self.next_window()
     }
 }
 
@@ -428,5 +523,31 @@ mod tests {
         assert_eq!(o.len(), 5);
         assert_eq!(o.dropped(), 2);
         assert_eq!(o.batch(1)[0].probe_total, 11, "oldest dropped first");
+    }
+
+    #[test]
+    fn focus_awaits_once_per_delivered_window_and_again_while_not_localized() {
+        let mut a = FocusAwait::new(true);
+        assert_eq!(a.next_window(), None, "nothing delivered yet");
+        a.reported(100);
+        assert_eq!(a.next_window(), Some(100));
+        assert_eq!(a.next_window(), None, "one await per window");
+        // Answered before the controller localized it: again, up to three tries.
+        assert_eq!(a.answered(100, 70), Some(100));
+        assert_eq!(a.answered(100, 70), Some(100));
+        assert_eq!(a.answered(100, 70), None);
+        // Localized: done; a newer window delivered meanwhile is next.
+        a.reported(130);
+        assert_eq!(a.next_window(), Some(130));
+        a.reported(160);
+        assert_eq!(a.answered(130, 130), Some(160));
+        // A controller that localizes nothing (a Go controller) is not asked again.
+        assert_eq!(a.answered(160, 0), None);
+        // An older window delivered late (a retried batch) is not awaited.
+        a.reported(100);
+        assert_eq!(a.next_window(), None);
+        let mut off = FocusAwait::new(false);
+        off.reported(100);
+        assert_eq!(off.next_window(), None);
     }
 }

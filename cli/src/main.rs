@@ -16,6 +16,7 @@
 //! - 3: the controller could not be reached (connection refused, TLS handshake failure,
 //!   deadline: every call is bounded by `--timeout-sec`).
 
+mod audit;
 mod connect;
 mod findings;
 mod format;
@@ -225,6 +226,13 @@ enum Cmd {
         /// Why, for the controller's audit log.
         #[arg(long, default_value = "")]
         reason: String,
+    },
+    /// The audit trail, newest first: registrations that changed the registry, operator
+    /// actions, refused calls (with etcd, every replica's).
+    Audit {
+        /// At most this many entries (the controller caps it at 10,000).
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
     },
 }
 
@@ -536,6 +544,7 @@ async fn query(
             }
         }
         Cmd::Hosts { problems } => hosts::hosts(op, target, *problems, json).await?,
+        Cmd::Audit { limit } => audit::audit(op, target, *limit, json).await?,
         Cmd::ServicePaths {
             service,
             gid,

@@ -61,6 +61,7 @@ async fn cli_lists_service_paths_of_a_real_controller() {
             service: "allreduce".into(),
             ..Default::default()
         }],
+        ..Default::default()
     })
     .await
     .unwrap();

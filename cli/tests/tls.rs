@@ -72,6 +72,7 @@ async fn seed(addr: std::net::SocketAddr, dir: &std::path::Path) {
             pinglist_type: PinglistType::TorMesh as i32,
             ..Default::default()
         }],
+        ..Default::default()
     })
     .await
     .unwrap();

@@ -208,6 +208,17 @@ impl Analyzer {
         }
     }
 
+    /// Windows starting at or before this were localized.
+    pub fn localized_through(&self) -> Option<u64> {
+        self.localized_through
+    }
+
+    /// The length (ns) of the window starting at `start` when it has summaries that are
+    /// not localized yet.
+    pub fn pending_window(&self, start: u64) -> Option<u64> {
+        self.unlocalized.get(&start).copied()
+    }
+
     pub fn localizer(&self) -> &Localizer {
         &self.localizer
     }

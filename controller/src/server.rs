@@ -45,6 +45,9 @@ impl ServerHandle {
             .await
             .context("server task")?
             .context("gRPC server")?;
+        // The last second's audit lines.
+        let st = self.state.clone();
+        let _ = tokio::task::spawn_blocking(move || st.flush_audit()).await;
         Ok(())
     }
 }
@@ -77,6 +80,8 @@ pub fn sweep_interval(stale_threshold_sec: u64) -> Duration {
 
 /// How often the analyzer localizes settled windows and findings move.
 pub const FINDINGS_TICK: Duration = Duration::from_secs(1);
+/// How often audit lines go to the store's trail.
+pub const AUDIT_FLUSH: Duration = Duration::from_secs(1);
 
 /// Opens the registry named by the config and starts serving on `listen_addr`.
 pub async fn start(
@@ -199,6 +204,21 @@ pub async fn start_with_state(
         })
     };
 
+    // The audit trail: lines to the store once a second (the write blocks, so off the
+    // workers).
+    let audit = {
+        let state = state.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(AUDIT_FLUSH);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let st = state.clone();
+                let _ = tokio::task::spawn_blocking(move || st.flush_audit()).await;
+            }
+        })
+    };
+
     // Replicas on etcd: every replica's service flows into this one's table.
     if let Some(mut rx) = state.registry.shared_service_flows() {
         let state = state.clone();
@@ -277,6 +297,7 @@ pub async fn start_with_state(
         sweeper.abort();
         watch.abort();
         reload.abort();
+        audit.abort();
         if let Some(f) = findings {
             f.abort();
         }

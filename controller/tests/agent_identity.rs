@@ -77,6 +77,7 @@ fn report(agent: &str, src: &str, dst: &str) -> ProbeAnalysisReport {
             network_rtt_p99_ns: 8_000,
             ..Default::default()
         }],
+        ..Default::default()
     }
 }
 

@@ -138,6 +138,7 @@ fn window(nics: &[Nic], start_ns: u64, broken: &[&Nic]) -> Vec<ProbeAnalysisRepo
                 None => reports.push(ProbeAnalysisReport {
                     agent_id: s.agent.into(),
                     summaries: vec![summary],
+                    ..Default::default()
                 }),
             }
         }

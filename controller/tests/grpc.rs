@@ -149,6 +149,7 @@ async fn register_pinglists_report_and_query() {
         .report_probe_analysis(ProbeAnalysisReport {
             agent_id: "agent-0-0".into(),
             summaries: batch.clone(),
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -160,6 +161,7 @@ async fn register_pinglists_report_and_query() {
         .report_probe_analysis(ProbeAnalysisReport {
             agent_id: "agent-0-0".into(),
             summaries: batch,
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -365,6 +367,7 @@ async fn bad_inputs_get_clear_errors_and_nothing_is_stored() {
         .report_probe_analysis(ProbeAnalysisReport {
             agent_id: "agent-0-0".into(),
             summaries: vec![bad1, good, bad2],
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -442,6 +445,7 @@ async fn seeded_pinglists_are_deterministic_and_analyzer_can_be_disabled() {
         .report_probe_analysis(ProbeAnalysisReport {
             agent_id: "agent-0-0".into(),
             summaries: vec![summary((0, 0), (1, 0), SEC, 10, 10)],
+            ..Default::default()
         })
         .await
         .unwrap()

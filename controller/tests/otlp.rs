@@ -100,6 +100,7 @@ async fn analyzer_counters_are_exported() {
         .report_probe_analysis(ProbeAnalysisReport {
             agent_id: "a".into(),
             summaries: vec![lossy, healthy],
+            ..Default::default()
         })
         .await
         .unwrap()

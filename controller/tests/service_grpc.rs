@@ -214,6 +214,7 @@ async fn service_flows_become_service_targets_and_listed_paths() {
                 window(PinglistType::Service, "allreduce", 7),
                 window(PinglistType::InterTor, "", 0),
             ],
+            ..Default::default()
         })
         .await
         .unwrap()

@@ -388,6 +388,7 @@ async fn the_leader_dies_and_the_other_replica_continues_its_findings() {
                             rpingmesh_proto::controller_agent::ProbeAnalysisReport {
                                 agent_id: format!("lh{src}"),
                                 summaries: window_of(src, start, bad),
+                                ..Default::default()
                             },
                         )
                         .await;
@@ -666,6 +667,7 @@ async fn replicas_forward_over_mtls_and_only_replicas_forward() {
     let report = |agent: &str, start: u64| rpingmesh_proto::controller_agent::ProbeAnalysisReport {
         agent_id: agent.into(),
         summaries: window_of(0, start, false),
+        ..Default::default()
     };
     let ack = lh0
         .report_probe_analysis(report("lh0", start))
@@ -730,4 +732,48 @@ async fn replicas_forward_over_mtls_and_only_replicas_forward() {
     );
     let at_a = paths(&mut op_a).await;
     assert!(at_a.contains(&next), "{at_a:?}");
+
+    // The audit trail is one for the replicas: B took lh0's registration, A refused
+    // ctl-x; each replica lists both (written to etcd within a second).
+    for (name, addr) in [("A", a.addr), ("B", b.addr)] {
+        let mut op =
+            OperatorServiceClient::new(mtls_channel(addr, d, "ctl-x", "127.0.0.1").await.unwrap());
+        let both = wait_for(Duration::from_secs(10), Duration::from_millis(200), || {
+            let mut op = op.clone();
+            async move {
+                let e = op
+                    .list_audit(rpingmesh_proto::operator::ListAuditRequest { limit: 50 })
+                    .await
+                    .unwrap()
+                    .into_inner()
+                    .entries;
+                let registered = e.iter().any(|e| {
+                    (
+                        e.who.as_str(),
+                        e.role.as_str(),
+                        e.rpc.as_str(),
+                        e.result.as_str(),
+                    ) == ("lh0", "agent", "RegisterAgent", "ok")
+                });
+                let refused = e.iter().any(|e| {
+                    e.who == "ctl-x"
+                        && e.rpc == "ReportProbeAnalysis"
+                        && e.result.starts_with("denied: ")
+                });
+                (registered && refused).then_some(e)
+            }
+        })
+        .await;
+        let entries = both.unwrap_or_else(|| panic!("replica {name}'s audit trail misses lines"));
+        assert!(
+            entries
+                .windows(2)
+                .all(|w| w[0].time_unix_ns >= w[1].time_unix_ns),
+            "newest first: {entries:?}"
+        );
+        op.list_audit(rpingmesh_proto::operator::ListAuditRequest { limit: 1 })
+            .await
+            .map(|r| assert_eq!(r.into_inner().entries.len(), 1))
+            .unwrap();
+    }
 }

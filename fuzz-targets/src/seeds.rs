@@ -357,6 +357,7 @@ fn rpc_messages() -> Vec<(&'static str, u8, Vec<u8>)> {
             }),
             ..Default::default()
         }],
+        await_window_unix_ns: 0,
     };
     let flows = pb::ServiceFlowReport {
         agent_id: "fz-agent".into(),

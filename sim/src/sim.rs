@@ -133,6 +133,10 @@ pub struct SimOptions {
     /// the agents' `focus_probe_rate_per_second`.
     pub focus: FocusParams,
     pub focus_rate: f64,
+    /// Agents hold one report open until the window they reported is localized (as the
+    /// agent's reporter does), so a new FOCUS generation reaches them then; false: only
+    /// the ack of their next window's report carries it.
+    pub focus_prompt: bool,
 }
 
 impl Default for SimOptions {
@@ -156,6 +160,7 @@ impl Default for SimOptions {
                 ..FocusParams::default()
             },
             focus_rate: 20.0,
+            focus_prompt: true,
         }
     }
 }
@@ -641,6 +646,7 @@ impl Sim {
         let mut stats = self.empty_window(k);
         let mut pairs: HashMap<(u32, u32), (u64, u64)> = HashMap::new();
         let window_start = w.k.base + k as u64 * self.window_ns;
+        let mut acked = Vec::new();
         for (hi, h) in w.fabric.hosts.iter().enumerate() {
             let mut batch: Vec<PathSummary> = Vec::new();
             for &r in &h.rnics {
@@ -678,18 +684,14 @@ impl Sim {
             if !batch.is_empty() {
                 self.summaries += batch.len() as u64;
                 self.analyzer.ingest(batch, now_unix);
-                // The ack names the FOCUS generation: a new one is fetched at once.
-                let g = self.focus.generation();
-                if self.focus_seen[hi] != g {
-                    self.focus_seen[hi] = g;
-                    for &r in &h.rnics {
-                        let node = &mut self.nodes[r as usize];
-                        node.focus = self.focus.targets_for(&node.gid).to_vec();
-                        reapply(w, node, v);
-                    }
-                }
+                acked.push(hi);
             }
         }
+        // The acks name the FOCUS generation: a new one is fetched at once.
+        for hi in acked {
+            self.fetch_focus(hi, v);
+        }
+        let w = &self.w;
         let mut pairs: Vec<_> = pairs.into_iter().collect();
         pairs.sort_unstable_by_key(|(key, _)| *key);
         let mut worst: Option<PairLoss> = None;
@@ -733,18 +735,46 @@ impl Sim {
                     self.max_suspect = format!("{:?} {:?} at {} s", s.component, s.test, v / NS);
                 }
             }
-            self.focus.update(
+            let moved = self.focus.update(
                 l.suspects(),
                 &self.w.index,
                 l.topology(),
                 self.w.registered_sec,
             );
+            if moved && self.opts.focus_prompt {
+                self.sync(v);
+                self.deliver_focus(v);
+            }
         }
         for e in events {
             self.note(e, v);
         }
         if v + NS <= self.final_horizon {
             self.heap.push(Reverse((v + NS, EV_TICK, 0)));
+        }
+    }
+
+    /// Host `hi` learned the FOCUS generation: its RNICs fetch their FOCUS lists when
+    /// it moved.
+    fn fetch_focus(&mut self, hi: usize, v: u64) {
+        let g = self.focus.generation();
+        if self.focus_seen[hi] == g {
+            return;
+        }
+        self.focus_seen[hi] = g;
+        let w = &self.w;
+        for &r in &w.fabric.hosts[hi].rnics {
+            let node = &mut self.nodes[r as usize];
+            node.focus = self.focus.targets_for(&node.gid).to_vec();
+            reapply(w, node, v);
+        }
+    }
+
+    /// A new FOCUS generation right after a window was localized: every agent is
+    /// holding a report open for it and learns it now.
+    fn deliver_focus(&mut self, v: u64) {
+        for hi in 0..self.w.fabric.hosts.len() {
+            self.fetch_focus(hi, v);
         }
     }
 

@@ -28,7 +28,10 @@ pub struct FuzzArgs {
 /// Where the last run's per-target results go, one JSON line each (`cargo xtask bench`'s
 /// `fuzz` section reads them).
 pub fn results_path() -> std::path::PathBuf {
-    crate::target_dir().join("fuzz").join("run").join("results.jsonl")
+    crate::target_dir()
+        .join("fuzz")
+        .join("run")
+        .join("results.jsonl")
 }
 
 /// What one libFuzzer run reported.

@@ -8,7 +8,8 @@
 //! - `hosts/<hostname>`: a host's newest Hostping report (protobuf);
 //! - `service/<agent_id>`: the agent's current service flows as one full-sync
 //!   ServiceFlowReport (protobuf), under the agent's lease; every replica watches them
-//!   into its service-path table.
+//!   into its service-path table;
+//! - `audit/<time>-<writer>-<seq>`: the audit trail, every replica's lines (`audit.rs`).
 //!
 //! The in-memory [`RegistryIndex`] is fed by a watch of `agents/` alone (this replica's
 //! writes and every other replica's arrive the same way); a write returns only after the
@@ -34,6 +35,8 @@ use serde::{Deserialize, Serialize};
 use super::{
     AgentRecord, Registry, RegistryError, RegistryIndex, RnicRecord, RESOLVED_FINDINGS_KEPT,
 };
+
+mod audit;
 
 const AGENTS: &str = "/rpingmesh/agents/";
 const FINDINGS: &str = "/rpingmesh/findings/";
@@ -234,6 +237,7 @@ pub struct EtcdRegistry {
     applied: Arc<Applied>,
     /// Service-flow sets from the watch, until the controller takes the receiver.
     service_rx: Option<tokio::sync::mpsc::UnboundedReceiver<ServiceFlowReport>>,
+    audit_keys: audit::AuditKeys,
 }
 
 impl EtcdRegistry {
@@ -312,6 +316,7 @@ impl EtcdRegistry {
             index: None,
             applied: Arc::new(Applied::default()),
             service_rx: None,
+            audit_keys: audit::AuditKeys::new(),
         })
     }
 
@@ -876,5 +881,13 @@ impl Registry for EtcdRegistry {
 
     fn load_hosts(&self) -> Result<Vec<HostHealth>, RegistryError> {
         self.load_messages(HOSTS, "stored host report skipped")
+    }
+
+    fn append_audit(&mut self, lines: &[String]) -> Result<(), RegistryError> {
+        self.append_audit_lines(lines)
+    }
+
+    fn recent_audit(&self, limit: usize) -> Result<Vec<String>, RegistryError> {
+        self.recent_audit_lines(limit)
     }
 }

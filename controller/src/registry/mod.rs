@@ -108,6 +108,11 @@ pub trait Registry: Send {
     fn save_host(&mut self, h: &HostHealth) -> Result<(), RegistryError>;
     /// Every host's newest report, by hostname (unreadable rows logged and skipped).
     fn load_hosts(&self) -> Result<Vec<HostHealth>, RegistryError>;
+    /// Appends audit lines (JSON, oldest first) to the store's audit trail, which keeps
+    /// the newest [`crate::audit::TRAIL_KEPT`].
+    fn append_audit(&mut self, lines: &[String]) -> Result<(), RegistryError>;
+    /// The newest `limit` lines of the audit trail (every replica's), newest first.
+    fn recent_audit(&self, limit: usize) -> Result<Vec<String>, RegistryError>;
 }
 
 /// Opens the store selected by `database_uri`; agent entries in etcd live
@@ -285,6 +290,20 @@ impl IndexedRegistry {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .load_hosts()
+    }
+
+    pub fn append_audit(&self, lines: &[String]) -> Result<(), RegistryError> {
+        self.store
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .append_audit(lines)
+    }
+
+    pub fn recent_audit(&self, limit: usize) -> Result<Vec<String>, RegistryError> {
+        self.store
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .recent_audit(limit)
     }
 
     /// Store-level RNIC listing (for consistency checks and tools).

@@ -7,6 +7,7 @@ use rpingmesh_proto::operator::{Finding, HostHealth};
 use rusqlite::{params, Connection, OptionalExtension, Row};
 
 use super::{AgentRecord, Registry, RegistryError, RnicRecord, RESOLVED_FINDINGS_KEPT};
+use crate::audit::TRAIL_KEPT;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS agents (
@@ -54,6 +55,11 @@ CREATE TABLE IF NOT EXISTS analyzer_state (
     key TEXT PRIMARY KEY,
     value BLOB NOT NULL
 );
+-- The audit trail: one JSON line per audited call, in the order written.
+CREATE TABLE IF NOT EXISTS audit (
+    id INTEGER PRIMARY KEY,
+    line TEXT NOT NULL
+);
 ";
 
 const RNIC_COLUMNS: &str =
@@ -63,6 +69,8 @@ pub struct SqliteRegistry {
     conn: Connection,
     /// Resolved findings kept by `save_findings` ([`RESOLVED_FINDINGS_KEPT`]).
     resolved_kept: usize,
+    /// Audit lines kept ([`TRAIL_KEPT`]).
+    audit_kept: usize,
 }
 
 fn rnic_from_row(r: &Row<'_>) -> rusqlite::Result<RnicRecord> {
@@ -115,12 +123,18 @@ impl SqliteRegistry {
         Ok(Self {
             conn,
             resolved_kept: RESOLVED_FINDINGS_KEPT,
+            audit_kept: TRAIL_KEPT,
         })
     }
 
     /// Changes how many resolved findings are kept (tests; at least 1).
     pub fn set_resolved_findings_kept(&mut self, n: usize) {
         self.resolved_kept = n.max(1);
+    }
+
+    /// Changes how many audit lines are kept (tests; at least 1).
+    pub fn set_audit_kept(&mut self, n: usize) {
+        self.audit_kept = n.max(1);
     }
 }
 
@@ -365,6 +379,32 @@ impl Registry for SqliteRegistry {
         Ok(out)
     }
 
+    fn append_audit(&mut self, lines: &[String]) -> Result<(), RegistryError> {
+        let tx = self.conn.transaction()?;
+        {
+            let mut ins = tx.prepare_cached("INSERT INTO audit (line) VALUES (?1)")?;
+            for l in lines {
+                ins.execute(params![l])?;
+            }
+            // Row ids only grow (the newest row is never deleted), so the newest N are
+            // those within N of the largest.
+            tx.prepare_cached("DELETE FROM audit WHERE id <= (SELECT MAX(id) FROM audit) - ?1")?
+                .execute(params![self.audit_kept as i64])?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    fn recent_audit(&self, limit: usize) -> Result<Vec<String>, RegistryError> {
+        let mut st = self
+            .conn
+            .prepare_cached("SELECT line FROM audit ORDER BY id DESC LIMIT ?1")?;
+        let rows = st.query_map(params![limit.min(i64::MAX as usize) as i64], |r| {
+            r.get::<_, String>(0)
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
     fn delete_agent(&mut self, agent_id: &str) -> Result<usize, RegistryError> {
         let tx = self.conn.transaction()?;
         let n = tx
@@ -561,5 +601,23 @@ mod tests {
         drop(st);
         let st = SqliteRegistry::open(&path).unwrap();
         assert_eq!(st.load_findings().unwrap(), vec![finding(1, true, 0)]);
+    }
+
+    #[test]
+    fn the_audit_trail_keeps_the_newest_lines_across_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.db");
+        let mut st = SqliteRegistry::open(&path).unwrap();
+        st.set_audit_kept(3);
+        let lines = |r: std::ops::Range<u32>| r.map(|i| format!("l{i}")).collect::<Vec<_>>();
+        st.append_audit(&lines(0..2)).unwrap();
+        st.append_audit(&lines(2..5)).unwrap();
+        assert_eq!(st.recent_audit(10).unwrap(), ["l4", "l3", "l2"]);
+        assert_eq!(st.recent_audit(1).unwrap(), ["l4"]);
+        drop(st);
+        let mut st = SqliteRegistry::open(&path).unwrap();
+        st.set_audit_kept(3);
+        st.append_audit(&lines(5..6)).unwrap();
+        assert_eq!(st.recent_audit(10).unwrap(), ["l5", "l4", "l3"]);
     }
 }

@@ -209,6 +209,9 @@ impl ControllerService for ControllerSvc {
             last_updated: 0,
         };
         let now = self.0.liveness_now_sec();
+        // A heartbeat repeats the registration: only one that changes what is held is
+        // a change for the audit log.
+        let changes = registration_changes(&self.0.registry.index(), &agent, &rnics);
         let stored = self.0.registry.register_agent(&agent, &rnics, now);
         let target = format!("agent {} ({} RNICs)", agent.agent_id, rnics.len());
         let role = caller.role();
@@ -216,8 +219,10 @@ impl ControllerService for ControllerSvc {
             Ok(()) => "ok".to_string(),
             Err(e) => format!("error: {e}"),
         };
-        self.0
-            .audit(caller.who(), role, "RegisterAgent", &target, &result);
+        if changes || stored.is_err() {
+            self.0
+                .audit(caller.who(), role, "RegisterAgent", &target, &result);
+        }
         stored.map_err(store_err)?;
         self.0
             .note_agent_version(&agent.agent_id, &req.agent_version);
@@ -379,6 +384,18 @@ impl ControllerService for ControllerSvc {
                 agent_rules::path_sources(id, &req.agent_id, sources, idx)
             })?;
             st.note_alive(&req.agent_id);
+            if req.summaries.is_empty() && req.await_window_unix_ns > 0 {
+                // Adaptive probing: answered when the window is localized, its ack
+                // with the FOCUS generation that followed it. Only the analysis leader
+                // plans FOCUS lists: another replica answers at once.
+                st.await_localized(req.await_window_unix_ns).await;
+                return Ok(Response::new(ProbeAnalysisAck {
+                    accepted: true,
+                    sla_violations: 0,
+                    focus_generation: st.focus_generation(),
+                    localized_through_unix_ns: st.localized_through(),
+                }));
+            }
             if let Some(ack) = st.forward_to_leader(&req).await {
                 return Ok(Response::new(ack));
             }
@@ -388,6 +405,7 @@ impl ControllerService for ControllerSvc {
                 accepted: false,
                 sla_violations: 0,
                 focus_generation: 0,
+                localized_through_unix_ns: 0,
             }));
         };
         let total = req.summaries.len();
@@ -460,6 +478,37 @@ impl ControllerService for ControllerSvc {
             accepted: dropped == 0 || report.ingested > 0,
             sla_violations: report.violations.len() as u32,
             focus_generation: st.focus_generation(),
+            localized_through_unix_ns: 0,
         }))
     }
+}
+
+/// Whether registering `agent` with `rnics` changes what `idx` holds (ignoring times).
+fn registration_changes(idx: &RegistryIndex, agent: &AgentRecord, rnics: &[RnicRecord]) -> bool {
+    let Some(old) = idx.agent(&agent.agent_id) else {
+        return true;
+    };
+    let same_agent = (&old.agent_ip, &old.hostname, &old.tor_id)
+        == (&agent.agent_ip, &agent.hostname, &agent.tor_id);
+    let held = idx.agent_gids(&agent.agent_id);
+    !same_agent
+        || held.len() != rnics.len()
+        || rnics.iter().any(|r| {
+            idx.rnic(&r.gid).is_none_or(|o| {
+                o.agent_id != r.agent_id
+                    || (
+                        o.qpn,
+                        &o.ip_address,
+                        &o.host_name,
+                        &o.tor_id,
+                        &o.device_name,
+                    ) != (
+                        r.qpn,
+                        &r.ip_address,
+                        &r.host_name,
+                        &r.tor_id,
+                        &r.device_name,
+                    )
+            })
+        })
 }

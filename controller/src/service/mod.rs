@@ -117,6 +117,13 @@ const UNSAVED_FINDINGS_CAP: usize = 10_000;
 
 /// The store key of the gray detector's learned baseline, and how many windows it learns
 /// between two writes (five minutes of 30 s windows).
+/// An agent awaiting a window's localization (adaptive probing) is answered at most this
+/// long after the window's settle time, and after at most [`AWAIT_MAX`] (below the
+/// agents' 10 s RPC timeout; an agent answered before the window was localized awaits
+/// again).
+pub const AWAIT_MARGIN: Duration = Duration::from_secs(2);
+pub const AWAIT_MAX: Duration = Duration::from_secs(8);
+
 pub const BASELINE_KEY: &str = "gray_baseline";
 const BASELINE_SAVE_WINDOWS: u64 = 10;
 
@@ -223,6 +230,9 @@ pub struct ControllerState {
     focus: Mutex<FocusPlanner>,
     /// Baseline windows when the FOCUS lists were last planned.
     focus_windows: AtomicU64,
+    /// The start of the newest window localized (0: none yet), published after the
+    /// FOCUS lists followed it: agents awaiting a window's localization wait on it.
+    localized: watch::Sender<u64>,
     /// Set when the server shuts down: ends the WatchFindings streams (a graceful
     /// shutdown waits for every open call).
     stopping: watch::Sender<bool>,
@@ -337,6 +347,7 @@ impl ControllerState {
             baseline_saved: AtomicU64::new(u64::MAX),
             focus: Mutex::new(FocusPlanner::new(cfg.focus_params())),
             focus_windows: AtomicU64::new(0),
+            localized: watch::channel(0).0,
             stopping: watch::channel(false).0,
             metrics,
             auth: cfg.agent_auth()?,
@@ -458,6 +469,14 @@ impl ControllerState {
             target,
             result,
         });
+    }
+
+    /// Hands the audit lines written since the last call to the store's trail (every
+    /// replica, once a second, off the workers); a failed write keeps them for the next.
+    pub fn flush_audit(&self) {
+        if let Err(e) = self.audit.flush(|lines| self.registry.append_audit(lines)) {
+            tracing::warn!(error = %e, "audit trail write failed; the lines are kept for a retry");
+        }
     }
 
     pub fn now_ns(&self) -> u64 {
@@ -593,7 +612,50 @@ impl ControllerState {
             events
         });
         self.save_baseline();
+        if let Some(through) = self.analyzer().and_then(|a| a.localized_through()) {
+            self.localized.send_if_modified(|v| {
+                let moved = *v != through;
+                *v = through;
+                moved
+            });
+        }
         events
+    }
+
+    /// Waits until the window starting at `start` is localized (so the FOCUS lists
+    /// follow it), when this replica analyzes and holds unlocalized summaries of a window
+    /// that has ended; at most until the window's settle time has passed by
+    /// [`AWAIT_MARGIN`], and never past shutdown. Anything else answers at once.
+    pub async fn await_localized(&self, start: u64) {
+        if !self.leadership.is_leader() {
+            return;
+        }
+        let Some((window_ns, settle_ns)) = self
+            .analyzer()
+            .and_then(|a| Some((a.pending_window(start)?, a.params().localize_settle_ns)))
+        else {
+            return;
+        };
+        let now = self.now_ns();
+        let end = start.saturating_add(window_ns);
+        if end > now.saturating_add(AWAIT_MARGIN.as_nanos() as u64) {
+            return; // not over yet: its summaries are not all in
+        }
+        let deadline = end
+            .saturating_add(settle_ns)
+            .saturating_add(AWAIT_MARGIN.as_nanos() as u64);
+        let wait = Duration::from_nanos(deadline.saturating_sub(now)).min(AWAIT_MAX);
+        let mut localized = self.localized.subscribe();
+        let mut stopping = self.stopping.subscribe();
+        tokio::select! {
+            _ = tokio::time::timeout(wait, localized.wait_for(|&s| s >= start)) => {}
+            _ = stopping.wait_for(|s| *s) => {}
+        }
+    }
+
+    /// The start of the newest window localized (0: none yet).
+    pub fn localized_through(&self) -> u64 {
+        *self.localized.borrow()
     }
 
     /// After a window was localized: the FOCUS lists follow the gray detector's suspects

@@ -3,8 +3,16 @@
 //! which put its [`OperatorCaller`] in the request (`crate::server`).
 
 use super::*;
+use crate::audit::AuditRecord;
 use crate::auth::{require, OperatorCaller, Role};
-use rpingmesh_proto::operator::{DeleteAgentRequest, DeleteAgentResponse};
+use rpingmesh_proto::operator::{
+    AuditEntry as AuditEntryMsg, DeleteAgentRequest, DeleteAgentResponse, ListAuditRequest,
+    ListAuditResponse,
+};
+
+/// ListAudit's entries when the request says none, and at most.
+const AUDIT_DEFAULT_LIMIT: usize = 100;
+const AUDIT_MAX_LIMIT: usize = 10_000;
 
 /// The caller the interceptor authenticated (everyone acts when no interceptor ran).
 fn operator_caller<T>(req: &Request<T>) -> OperatorCaller {
@@ -78,6 +86,37 @@ impl OperatorService for OperatorSvc {
         Ok(Response::new(DeleteAgentResponse {
             removed_rnics: n as u32,
         }))
+    }
+
+    async fn list_audit(
+        &self,
+        request: Request<ListAuditRequest>,
+    ) -> Result<Response<ListAuditResponse>, Status> {
+        let limit = match request.into_inner().limit as usize {
+            0 => AUDIT_DEFAULT_LIMIT,
+            n => n.min(AUDIT_MAX_LIMIT),
+        };
+        // The store may be etcd (a blocking call with its own bound): off the workers.
+        let st = self.0.clone();
+        let lines = tokio::task::spawn_blocking(move || st.registry.recent_audit(limit))
+            .await
+            .map_err(|e| Status::internal(format!("ListAudit: {e}")))?
+            .map_err(store_err)?;
+        let entries = lines
+            .iter()
+            .map(|l| {
+                let r = AuditRecord::parse(l);
+                AuditEntryMsg {
+                    time_unix_ns: r.time_unix_ns,
+                    who: r.who,
+                    role: r.role,
+                    rpc: r.rpc,
+                    target: r.target,
+                    result: r.result,
+                }
+            })
+            .collect();
+        Ok(Response::new(ListAuditResponse { entries }))
     }
 
     type WatchFindingsStream =

@@ -59,6 +59,9 @@ struct Args {
     rules_only: bool,
     /// No adaptive probing.
     no_focus: bool,
+    /// Agents learn a new FOCUS generation only from their next report's ack, not when
+    /// the window they reported is localized.
+    focus_late: bool,
     /// Also run the first N gray scenarios without adaptive probing (its ablation).
     focus_ablation: usize,
     /// Also run the first N gray scenarios with the rules alone (the before/after table).
@@ -83,6 +86,7 @@ fn parse() -> Result<Args, String> {
         only_gray: None,
         rules_only: false,
         no_focus: false,
+        focus_late: false,
         focus_ablation: 48,
         rules_ablation: 48,
         probe_interval_ms: None,
@@ -107,6 +111,7 @@ fn parse() -> Result<Args, String> {
             "--only-gray" => a.only_gray = Some(value("--only-gray")? as usize),
             "--rules-only" => a.rules_only = true,
             "--no-focus" => a.no_focus = true,
+            "--focus-late" => a.focus_late = true,
             "--focus-ablation" => a.focus_ablation = value("--focus-ablation")? as usize,
             "--rules-ablation" => a.rules_ablation = value("--rules-ablation")? as usize,
             "--probe-interval-ms" => {
@@ -522,6 +527,9 @@ fn main() {
     }
     if a.no_focus {
         opts.focus.max_components = 0;
+    }
+    if a.focus_late {
+        opts.focus_prompt = false;
     }
     if let Some(ms) = a.probe_interval_ms {
         opts.probe_interval_ms = ms;

@@ -165,6 +165,7 @@ fn report(batch: u64, round: u64) -> ProbeAnalysisReport {
     ProbeAnalysisReport {
         agent_id: format!("agent-{AGENT}"),
         summaries,
+        ..Default::default()
     }
 }
 

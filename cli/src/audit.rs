@@ -1,0 +1,69 @@
+//! `rpingmeshctl audit`: the controller's audit trail, newest first (registrations that
+//! changed the registry, operator actions, refused calls; with etcd, every replica's).
+
+use serde_json::json;
+
+use rpingmesh_proto::operator::ListAuditRequest;
+
+use crate::connect::{Failure, Target};
+use crate::format::{or_dash, Table};
+
+/// UTC to the millisecond (one second holds many audit lines).
+fn utc_ms(ns: u64) -> String {
+    if ns == 0 {
+        return "-".into();
+    }
+    let secs = crate::format::utc(ns / 1_000_000_000);
+    format!(
+        "{}.{:03}Z",
+        secs.trim_end_matches('Z'),
+        (ns / 1_000_000) % 1000
+    )
+}
+
+pub async fn audit(
+    op: &mut crate::connect::Operator,
+    target: &Target,
+    limit: u32,
+    json: bool,
+) -> Result<String, Failure> {
+    let entries = op
+        .list_audit(ListAuditRequest { limit })
+        .await
+        .map_err(|s| target.rpc_failure("audit", s))?
+        .into_inner()
+        .entries;
+    if json {
+        return Ok(entries
+            .iter()
+            .map(|e| {
+                format!(
+                    "{}\n",
+                    json!({
+                        "time_unix_ns": e.time_unix_ns, "who": e.who, "role": e.role,
+                        "rpc": e.rpc, "target": e.target, "result": e.result,
+                    })
+                )
+            })
+            .collect());
+    }
+    let mut t = Table::new(&[
+        ("TIME", false),
+        ("WHO", false),
+        ("ROLE", false),
+        ("RPC", false),
+        ("TARGET", false),
+        ("RESULT", false),
+    ]);
+    for e in &entries {
+        t.row(vec![
+            utc_ms(e.time_unix_ns),
+            e.who.clone(),
+            or_dash(&e.role),
+            or_dash(&e.rpc),
+            or_dash(&e.target),
+            e.result.clone(),
+        ]);
+    }
+    Ok(t.render())
+}
