@@ -69,6 +69,12 @@ pub fn tls_config(cfg: &ControllerConfig) -> anyhow::Result<Option<ServerTlsConf
             "tls_ca_file",
             &cfg.tls_ca_file,
         )?));
+        // Operator tokens are for scripts without a certificate: the handshake then lets
+        // them in, and every call is still checked (an agent RPC needs a certificate
+        // that names the agent, an operator call a token or a certificate's role).
+        if !cfg.operator_tokens_file.trim().is_empty() {
+            tls = tls.client_auth_optional(true);
+        }
     }
     Ok(Some(tls))
 }

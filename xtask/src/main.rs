@@ -217,6 +217,12 @@ const NEEDED: &[Need] = &[
         why: "the TLS and agent-identity tests make their certificates with the openssl CLI",
     },
     Need {
+        what: "curl",
+        present: || have_tool("curl"),
+        package: "curl",
+        why: "the runbook's operator commands (docs/operations.md) are run as written",
+    },
+    Need {
         what: "cc",
         present: || have_tool("cc"),
         package: "gcc",
