@@ -401,6 +401,16 @@ fn rpc_messages() -> Vec<(&'static str, u8, Vec<u8>)> {
             RPC_PROBE_ANALYSIS,
             report.encode_to_vec(),
         ),
+        (
+            "2_await_window",
+            RPC_PROBE_ANALYSIS,
+            pb::ProbeAnalysisReport {
+                agent_id: "fz-agent".into(),
+                summaries: Vec::new(),
+                await_window_unix_ns: 1_750_000_000_000_000_000,
+            }
+            .encode_to_vec(),
+        ),
         ("3_service_flows", RPC_SERVICE_FLOWS, flows.encode_to_vec()),
         ("4_host_health", RPC_HOST_HEALTH, health.encode_to_vec()),
     ]
