@@ -27,6 +27,8 @@ use crate::service::{self, FlowReporterParams, LocalDevice, ServiceNames};
 use crate::targets::Pinglists;
 use crate::telemetry::Metrics;
 use crate::watchdog::SharedMultiplier;
+use crate::workload::host::RealHost;
+use crate::workload::WorkloadResolver;
 
 /// Summaries buffered between the drivers and the reporter before new ones are dropped.
 const REPORT_QUEUE: usize = 8192;
@@ -177,6 +179,10 @@ pub fn start<R: Into<OpenedRnic>>(
             agent_id: cfg.agent_id.clone(),
             interval: Duration::from_millis(cfg.service_flow_report_interval_ms),
             names: ServiceNames::new(cfg.service_names.clone()),
+            workloads: WorkloadResolver::new(RealHost::new(
+                &cfg.workload_kubelet_dir,
+                &cfg.workload_scontrol,
+            )),
         };
         let shutdown = shutdown_tx.subscribe();
         Some(tokio::spawn(async move {

@@ -173,7 +173,11 @@ config_table! {
         #[serde(deserialize_with = "string_list")]
         #[arg(value_delimiter = ',')]
         service_tracing_uprobe_targets: Vec<String> = Vec::new(), flag Vec<String>;
-        /// Process name (comm) -> configured service name.
+        /// The kubelet's root directory: a traced QP in a Kubernetes pod is named after the pod's namespace and name from `pods/<UID>/` there (else after the pod's UID).
+        workload_kubelet_dir: String = "/var/lib/kubelet".to_string(), flag String;
+        /// Slurm's `scontrol`, asked once per job for its name ("" = never).
+        workload_scontrol: String = "scontrol".to_string(), flag String;
+        /// Process name (comm) -> configured service name, for QPs outside any job, pod, container or unit.
         /// `comm=name,comm2=name2`
         #[serde(deserialize_with = "string_map")]
         service_names: std::collections::BTreeMap<String, String> = std::collections::BTreeMap::new(), flag String;

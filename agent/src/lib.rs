@@ -22,5 +22,6 @@ pub mod targets;
 pub mod telemetry;
 pub mod watchdog;
 pub mod watchdog_sampler;
+pub mod workload;
 
 pub use config::{AgentConfig, CliArgs, ConfigError};

@@ -26,6 +26,8 @@ use crate::cluster_monitor::Registrar;
 use crate::config::{AgentConfig, ServiceTracingMode};
 use crate::controller_client::ControllerClient;
 use crate::telemetry::Metrics;
+use crate::workload::host::RealHost;
+use crate::workload::{Workload, WorkloadKind, WorkloadResolver};
 
 /// Metric attribute value for service names past `max_service_names`.
 pub const OTHER_SERVICE: &str = "other";
@@ -119,9 +121,29 @@ fn gid_text(g: &Gid) -> String {
     format_gid(&Ipv6Addr::from(*g))
 }
 
-/// A tracer flow as the controller wants it: GIDs in full form, unix timestamps, the
-/// service name from `names` (else the process name).
-pub fn to_proto_flow(f: &ServiceFlow, names: &ServiceNames, boot_to_unix_ns: i64) -> ProtoFlow {
+/// The service name of a QP: its workload's key when that names a job, pod, container or
+/// unit; else a configured name for its process; else the cgroup path of no known
+/// layout; else the process name.
+pub fn service_name(w: &Workload, names: &ServiceNames, comm: &str) -> String {
+    match w.kind {
+        WorkloadKind::KubernetesPod
+        | WorkloadKind::SlurmJob
+        | WorkloadKind::Container
+        | WorkloadKind::SystemdUnit => w.key.clone(),
+        _ if names.0.contains_key(comm) => names.service_for(comm).to_string(),
+        WorkloadKind::Cgroup => w.key.clone(),
+        WorkloadKind::Process => comm.to_string(),
+    }
+}
+
+/// A tracer flow as the controller wants it: GIDs in full form, unix timestamps, its
+/// workload and the service name that follows from it ([`service_name`]).
+pub fn to_proto_flow(
+    f: &ServiceFlow,
+    names: &ServiceNames,
+    boot_to_unix_ns: i64,
+    w: &Workload,
+) -> ProtoFlow {
     ProtoFlow {
         local_gid: gid_text(&f.key.local_gid),
         local_qpn: f.key.local_qpn,
@@ -135,7 +157,8 @@ pub fn to_proto_flow(f: &ServiceFlow, names: &ServiceNames, boot_to_unix_ns: i64
         cgroup_id: f.cgroup_id,
         first_seen_unix_ns: boot_to_unix(f.first_seen_ns, boot_to_unix_ns),
         last_seen_unix_ns: boot_to_unix(f.last_seen_ns, boot_to_unix_ns),
-        service: names.service_for(&f.comm).to_string(),
+        service: service_name(w, names, &f.comm),
+        workload: Some(w.to_proto()),
     }
 }
 
@@ -230,7 +253,7 @@ impl FlowReportState {
         agent_id: &str,
         batch: ChangeBatch,
         snapshot: impl FnOnce() -> Vec<ServiceFlow>,
-        map: impl Fn(&ServiceFlow) -> ProtoFlow,
+        mut map: impl FnMut(&ServiceFlow) -> ProtoFlow,
     ) -> ServiceFlowReport {
         self.reports += 1;
         if self.need_full || batch.full {
@@ -239,7 +262,7 @@ impl FlowReportState {
             return ServiceFlowReport {
                 agent_id: agent_id.to_string(),
                 full_sync: true,
-                upserts: snapshot().iter().map(&map).collect(),
+                upserts: snapshot().iter().map(&mut map).collect(),
                 removals: Vec::new(),
             };
         }
@@ -415,7 +438,12 @@ pub struct FlowReporterParams {
     pub agent_id: String,
     pub interval: Duration,
     pub names: ServiceNames,
+    /// Where QPs' workloads are looked up.
+    pub workloads: WorkloadResolver<RealHost>,
 }
+
+/// How often the workload cache forgets removed cgroups and exited processes.
+const WORKLOAD_SWEEP: Duration = Duration::from_secs(30);
 
 /// Sends the tracer's flows every `interval` (changes, or an empty heartbeat) until
 /// shutdown. After an acknowledged report that changed something, bumps `kick` so the
@@ -429,8 +457,18 @@ pub async fn run_flow_reporter(
     kick: watch::Sender<u64>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let mut st = FlowReportState::new();
-    let mut tick = tokio::time::interval(params.interval.max(Duration::from_millis(1)));
+    let FlowReporterParams {
+        agent_id,
+        interval,
+        names,
+        workloads,
+    } = params;
+    // Looking a workload up reads /proc and the cgroup tree, maybe runs scontrol: the
+    // report is built on a blocking thread, with the resolver and the state moved there.
+    let mut work = Some((FlowReportState::new(), workloads));
+    let names = Arc::new(names);
+    let mut last_sweep = std::time::Instant::now();
+    let mut tick = tokio::time::interval(interval.max(Duration::from_millis(1)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut failing = false;
     let mut drops_exported = 0u64;
@@ -448,8 +486,10 @@ pub async fn run_flow_reporter(
         drops_exported = drops_exported.max(drops);
 
         let batch = tracer.take_changes();
-        let heartbeat_ns = HEARTBEAT_NS.max(params.interval.as_nanos() as u64);
+        let heartbeat_ns = HEARTBEAT_NS.max(interval.as_nanos() as u64);
+        let (mut st, mut resolver) = work.take().expect("returned after every build");
         if !st.wants_send(&batch, rpingmesh_verbs::clock::monotonic_ns(), heartbeat_ns) {
+            work = Some((st, resolver));
             continue;
         }
         if registrar.ensure_registered().await.is_err() {
@@ -457,15 +497,37 @@ pub async fn run_flow_reporter(
             // lost: a failed registration leaves the controller without our flows, and
             // the full sync after it carries the whole table.
             st.require_full();
+            work = Some((st, resolver));
             continue;
         }
         let offset = boot_to_unix_offset_ns();
-        let report = st.build(
-            &params.agent_id,
-            batch,
-            || tracer.snapshot(),
-            |f| to_proto_flow(f, &params.names, offset),
-        );
+        let sweep = last_sweep.elapsed() >= WORKLOAD_SWEEP;
+        if sweep {
+            last_sweep = std::time::Instant::now();
+        }
+        let (t, n, id) = (tracer.clone(), names.clone(), agent_id.clone());
+        let built = tokio::task::spawn_blocking(move || {
+            if sweep {
+                resolver.sweep();
+            }
+            let report = st.build(
+                &id,
+                batch,
+                || t.snapshot(),
+                |f| {
+                    let w = resolver.resolve(f.pid, f.cgroup_id, &f.comm);
+                    to_proto_flow(f, &n, offset, &w)
+                },
+            );
+            (st, resolver, report)
+        })
+        .await;
+        let Ok((st, resolver, report)) = built else {
+            tracing::error!("building the service flow report failed; service flow reports stop");
+            return;
+        };
+        work = Some((st, resolver));
+        let st = &mut work.as_mut().expect("just put back").0;
         let (full, n_up, n_rm) = (
             report.full_sync,
             report.upserts.len(),
@@ -568,7 +630,9 @@ mod tests {
         let mut m = BTreeMap::new();
         m.insert("python3".to_string(), "training".to_string());
         let names = ServiceNames::new(m);
-        let p = to_proto_flow(&flow(0x345, "python3"), &names, 1_700_000_000_000_000_000);
+        let proc_of = |f: &ServiceFlow| Workload::process(&f.comm);
+        let f = flow(0x345, "python3");
+        let p = to_proto_flow(&f, &names, 1_700_000_000_000_000_000, &proc_of(&f));
         assert_eq!(p.local_gid, "0000:0000:0000:0000:0000:ffff:7f00:0501");
         assert_eq!(p.remote_gid, "fe80:0000:0000:0000:0000:0000:0000:0002");
         assert_eq!(
@@ -579,12 +643,18 @@ mod tests {
         assert_eq!((p.pid, p.cgroup_id, p.comm.as_str()), (4242, 99, "python3"));
         assert_eq!(p.first_seen_unix_ns, 1_700_000_000_000_001_000);
         assert_eq!(p.last_seen_unix_ns, 1_700_000_000_000_002_000);
-        assert_eq!(p.service, "training", "configured name wins");
-        let p = to_proto_flow(&flow(1, "nccl"), &names, 0);
+        assert_eq!(
+            p.service, "training",
+            "configured name wins over the process"
+        );
+        assert_eq!(p.workload.unwrap().kind, "process");
+        let f = flow(1, "nccl");
+        let p = to_proto_flow(&f, &names, 0, &proc_of(&f));
         assert_eq!(p.service, "nccl", "else the comm");
         // A negative offset never underflows.
+        let f = flow(1, "x");
         assert_eq!(
-            to_proto_flow(&flow(1, "x"), &names, -5_000).first_seen_unix_ns,
+            to_proto_flow(&f, &names, -5_000, &proc_of(&f)).first_seen_unix_ns,
             0
         );
         let k = to_proto_key(&flow(7, "x").key);
@@ -617,7 +687,33 @@ mod tests {
     }
 
     fn map(f: &ServiceFlow) -> ProtoFlow {
-        to_proto_flow(f, &ServiceNames::default(), 0)
+        to_proto_flow(f, &ServiceNames::default(), 0, &Workload::process(&f.comm))
+    }
+
+    #[test]
+    fn a_job_names_the_service_and_a_configured_name_only_what_is_in_none() {
+        let mut m = BTreeMap::new();
+        m.insert("python3".to_string(), "training".to_string());
+        let names = ServiceNames::new(m);
+        let job = crate::workload::cgroup::parse_path(
+            "/system.slice/slurmstepd.scope/job_12/step_0/user/task_0",
+        )
+        .unwrap();
+        assert_eq!(service_name(&job, &names, "python3"), "slurm/12");
+        let path = crate::workload::cgroup::parse_path("/batch/run7").unwrap();
+        assert_eq!(service_name(&path, &names, "python3"), "training");
+        assert_eq!(service_name(&path, &names, "bash"), "/batch/run7");
+        let p = to_proto_flow(&flow(1, "python3"), &names, 0, &job);
+        let w = p.workload.unwrap();
+        assert_eq!(
+            (
+                p.service.as_str(),
+                w.kind.as_str(),
+                w.id.as_str(),
+                w.part.as_str()
+            ),
+            ("slurm/12", "slurm_job", "12", "0")
+        );
     }
 
     fn incr(changes: Vec<FlowChange>) -> ChangeBatch {

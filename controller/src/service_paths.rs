@@ -11,7 +11,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use rpingmesh_proto::controller_agent::{
-    PingTarget, PinglistType, ServiceFlow, ServiceFlowKey, ServiceFlowReport,
+    PingTarget, PinglistType, ServiceFlow, ServiceFlowKey, ServiceFlowReport, Workload,
 };
 use rpingmesh_proto::gid::normalize_gid;
 use rpingmesh_proto::operator::{ServicePath, ServicePathQp};
@@ -25,6 +25,9 @@ pub const OTHER_SERVICE: &str = "other";
 pub const UNKNOWN_SERVICE: &str = "unknown";
 /// Longest service name kept (longer names are cut on a char boundary).
 pub const MAX_SERVICE_NAME_LEN: usize = 64;
+/// Longest workload field kept (a cgroup path may be longer: [`MAX_CGROUP_PATH_LEN`]).
+pub const MAX_WORKLOAD_FIELD_LEN: usize = 256;
+pub const MAX_CGROUP_PATH_LEN: usize = 1024;
 
 const NS_PER_SEC: u64 = 1_000_000_000;
 
@@ -67,6 +70,8 @@ pub struct FlowRecord {
     pub last_seen_unix_ns: u64,
     /// Bounded name: the flow's `service`, else its comm, else "unknown"; "other" past the cap.
     pub service: String,
+    /// The workload its agent resolved (fields bounded), if the agent sent one.
+    pub workload: Option<Workload>,
 }
 
 #[derive(Debug, Default)]
@@ -143,6 +148,20 @@ fn truncate(mut s: String, max: usize) -> String {
         s.truncate(end);
     }
     s
+}
+
+/// A workload as an agent sent it, every field cut to its bound.
+fn bounded_workload(w: Workload) -> Workload {
+    let t = |s: String| truncate(s, MAX_WORKLOAD_FIELD_LEN);
+    Workload {
+        kind: t(w.kind),
+        key: t(w.key),
+        name: t(w.name),
+        namespace: t(w.namespace),
+        id: t(w.id),
+        part: t(w.part),
+        cgroup_path: truncate(w.cgroup_path, MAX_CGROUP_PATH_LEN),
+    }
 }
 
 /// The raw service identity of a flow before the cap: `service`, else comm, else "unknown".
@@ -361,6 +380,7 @@ impl ServicePathTable {
                 cgroup_id,
                 first_seen_unix_ns,
                 last_seen_unix_ns,
+                workload,
                 ..
             } = f;
             let rec = FlowRecord {
@@ -381,6 +401,7 @@ impl ServicePathTable {
                 first_seen_unix_ns,
                 last_seen_unix_ns,
                 service,
+                workload: workload.map(bounded_workload),
             };
             let a = self.agents.get_mut(agent_id).expect("inserted above");
             a.flows.insert(key, rec);
@@ -406,7 +427,8 @@ impl ServicePathTable {
         now_unix_ns: u64,
     ) -> Vec<ServicePath> {
         type Key<'a> = (&'a str, &'a str, &'a str, u32, u32, u32);
-        let mut groups: BTreeMap<Key<'_>, (&str, Vec<ServicePathQp>)> = BTreeMap::new();
+        let mut groups: BTreeMap<Key<'_>, (&str, Option<&Workload>, Vec<ServicePathQp>)> =
+            BTreeMap::new();
         for (agent_id, a) in &self.agents {
             if !self.is_live(a, now_unix_ns) {
                 continue;
@@ -427,21 +449,26 @@ impl ServicePathTable {
                     f.service_level,
                     f.traffic_class,
                 );
-                groups
+                let g = groups
                     .entry(key)
-                    .or_insert((agent_id.as_str(), Vec::new()))
-                    .1
-                    .push(ServicePathQp {
-                        local_qpn: f.local_qpn,
-                        remote_qpn: f.remote_qpn,
-                        pid: f.pid,
-                        comm: f.comm.clone(),
-                        first_seen_unix_ns: f.first_seen_unix_ns,
-                    });
+                    .or_insert((agent_id.as_str(), None, Vec::new()));
+                g.1 = g.1.or(f.workload.as_ref());
+                g.2.push(ServicePathQp {
+                    local_qpn: f.local_qpn,
+                    remote_qpn: f.remote_qpn,
+                    pid: f.pid,
+                    comm: f.comm.clone(),
+                    first_seen_unix_ns: f.first_seen_unix_ns,
+                    workload_part: f
+                        .workload
+                        .as_ref()
+                        .map(|w| w.part.clone())
+                        .unwrap_or_default(),
+                });
             }
         }
         let mut out = Vec::with_capacity(groups.len());
-        for ((service, src, dst, label, sl, tc), (agent_id, mut qps)) in groups {
+        for ((service, src, dst, label, sl, tc), (agent_id, workload, mut qps)) in groups {
             qps.sort_by_key(|q| q.local_qpn);
             let source_tor_id = index
                 .rnic(src)
@@ -469,6 +496,7 @@ impl ServicePathTable {
                 flows: qps.len() as u32,
                 latest: None,
                 qps,
+                workload: workload.cloned(),
             });
         }
         out

@@ -61,6 +61,7 @@ fn flow(local_qpn: u32, remote: &str) -> ServiceFlow {
         first_seen_unix_ns: 1,
         last_seen_unix_ns: 2,
         service: "allreduce".into(),
+        workload: None,
     }
 }
 

@@ -1041,6 +1041,7 @@ impl ControllerState {
                     first_seen_unix_ns: f.first_seen_unix_ns,
                     last_seen_unix_ns: f.last_seen_unix_ns,
                     service: f.service,
+                    workload: f.workload,
                 })
                 .collect(),
             removals: Vec::new(),

@@ -1,0 +1,261 @@
+//! The real host behind [`HostView`]: `/proc/PID/cgroup`, the cgroup v2 hierarchy wherever
+//! it is mounted (`/sys/fs/cgroup`, or `/sys/fs/cgroup/unified` on a hybrid host), the
+//! kubelet's pod directories and Slurm's `scontrol`. Each lookup is bounded (a walk by
+//! directory count, `scontrol` by time); the text parsers are pure and tested.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::HostView;
+
+/// Directories a search for a cgroup id visits at most.
+const WALK_MAX_DIRS: usize = 100_000;
+/// How long `scontrol` may take.
+const SCONTROL_TIMEOUT: Duration = Duration::from_secs(2);
+
+pub struct RealHost {
+    proc_root: PathBuf,
+    /// The cgroup v2 mount (None: no unified hierarchy; only /proc's v1 paths then).
+    cgroup2: Option<PathBuf>,
+    kubelet_pods: PathBuf,
+    /// `scontrol` to run ("" = do not ask Slurm).
+    scontrol: String,
+}
+
+impl RealHost {
+    /// `kubelet_root` (`/var/lib/kubelet`) holds `pods/<UID>/`; `scontrol` is the command
+    /// ("" = never).
+    pub fn new(kubelet_root: &str, scontrol: &str) -> Self {
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        RealHost {
+            proc_root: PathBuf::from("/proc"),
+            cgroup2: cgroup2_mount(&mountinfo).map(PathBuf::from),
+            kubelet_pods: Path::new(kubelet_root).join("pods"),
+            scontrol: scontrol.to_string(),
+        }
+    }
+
+    /// Where the unified hierarchy is mounted, if anywhere.
+    pub fn cgroup2_root(&self) -> Option<&Path> {
+        self.cgroup2.as_deref()
+    }
+
+    fn cgroup_dir(&self, path: &str) -> Option<PathBuf> {
+        let root = self.cgroup2.as_ref()?;
+        Some(root.join(path.trim_start_matches('/')))
+    }
+}
+
+/// The mount point of the first cgroup2 file system in `/proc/self/mountinfo`.
+pub fn cgroup2_mount(mountinfo: &str) -> Option<String> {
+    mountinfo.lines().find_map(|l| {
+        // ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPER
+        let (pre, post) = l.split_once(" - ")?;
+        (post.split_whitespace().next()? == "cgroup2")
+            .then(|| pre.split_whitespace().nth(4).map(unescape_mount))?
+    })
+}
+
+/// mountinfo escapes space, tab, newline and backslash as octal.
+fn unescape_mount(s: &str) -> String {
+    s.replace("\\040", " ")
+        .replace("\\011", "\t")
+        .replace("\\012", "\n")
+        .replace("\\134", "\\")
+}
+
+/// (namespace, pod name) from a kubelet pod directory's files: the namespace of a
+/// projected service-account volume, the pod's hostname from the kubelet-managed
+/// `etc-hosts` (its last entry; the pod's name unless the pod sets `hostname`).
+pub fn pod_names_from(namespace_file: &str, etc_hosts: &str) -> Option<(String, String)> {
+    let ns = namespace_file.trim();
+    let name = etc_hosts
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .last()?
+        .split_whitespace()
+        .nth(1)?;
+    (!ns.is_empty() && valid_name(ns) && valid_name(name))
+        .then(|| (ns.to_string(), name.to_string()))
+}
+
+/// A DNS-label-like Kubernetes name (what a metric attribute may carry).
+fn valid_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.')
+}
+
+/// The job name in `scontrol show job ID --oneliner` output.
+pub fn slurm_job_name_from(scontrol_out: &str) -> Option<String> {
+    let v = scontrol_out
+        .split_whitespace()
+        .find_map(|f| f.strip_prefix("JobName="))?;
+    (!v.is_empty() && v.len() <= 128 && !v.chars().any(char::is_control)).then(|| v.to_string())
+}
+
+impl HostView for RealHost {
+    fn proc_cgroup(&self, pid: u32) -> Option<String> {
+        std::fs::read_to_string(self.proc_root.join(pid.to_string()).join("cgroup")).ok()
+    }
+
+    fn cgroup_id(&self, path: &str) -> Option<u64> {
+        let dir = self.cgroup_dir(path)?;
+        let m = std::fs::metadata(dir).ok()?;
+        m.is_dir().then(|| m.ino())
+    }
+
+    fn find_cgroup(&self, id: u64) -> Option<String> {
+        let root = self.cgroup2.as_ref()?;
+        let mut stack = vec![root.clone()];
+        let mut visited = 0;
+        while let Some(dir) = stack.pop() {
+            visited += 1;
+            if visited > WALK_MAX_DIRS {
+                return None;
+            }
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for e in entries.flatten() {
+                let Ok(m) = e.metadata() else { continue };
+                if !m.is_dir() {
+                    continue;
+                }
+                if m.ino() == id {
+                    let rel = e.path();
+                    let rel = rel.strip_prefix(root).ok()?;
+                    return Some(format!("/{}", rel.display()));
+                }
+                stack.push(e.path());
+            }
+        }
+        None
+    }
+
+    fn pod_names(&self, uid: &str) -> Option<(String, String)> {
+        if uid.contains('/') || uid.contains("..") {
+            return None;
+        }
+        let pod = self.kubelet_pods.join(uid);
+        let hosts = std::fs::read_to_string(pod.join("etc-hosts")).ok()?;
+        // The service-account token volume (kube-api-access-*) carries the namespace.
+        let projected = pod.join("volumes").join("kubernetes.io~projected");
+        let ns = std::fs::read_dir(projected)
+            .ok()?
+            .flatten()
+            .find_map(|v| std::fs::read_to_string(v.path().join("namespace")).ok())?;
+        pod_names_from(&ns, &hosts)
+    }
+
+    fn slurm_job_name(&self, id: &str) -> Option<String> {
+        if self.scontrol.is_empty() || !id.chars().all(|c| c.is_ascii_digit()) {
+            return None;
+        }
+        let mut child = Command::new(&self.scontrol)
+            .args(["show", "job", id, "--oneliner"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .ok()?;
+        let deadline = Instant::now() + SCONTROL_TIMEOUT;
+        loop {
+            match child.try_wait() {
+                Ok(Some(_)) => break,
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                _ => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return None;
+                }
+            }
+        }
+        let mut out = String::new();
+        std::io::Read::read_to_string(&mut child.stdout.take()?, &mut out).ok()?;
+        slurm_job_name_from(&out)
+    }
+
+    fn alive(&self, pid: u32) -> bool {
+        self.proc_root.join(pid.to_string()).exists()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cgroup2_mount_on_unified_and_hybrid_hosts() {
+        let unified = "29 23 0:26 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 rw,nsdelegate\n";
+        assert_eq!(cgroup2_mount(unified).as_deref(), Some("/sys/fs/cgroup"));
+        let hybrid = "25 23 0:22 / /sys/fs/cgroup ro,nosuid - tmpfs tmpfs ro,mode=755\n\
+                      26 25 0:23 / /sys/fs/cgroup/unified rw,nosuid - cgroup2 cgroup2 rw\n\
+                      27 25 0:24 / /sys/fs/cgroup/systemd rw - cgroup cgroup rw,name=systemd\n";
+        assert_eq!(
+            cgroup2_mount(hybrid).as_deref(),
+            Some("/sys/fs/cgroup/unified")
+        );
+        assert_eq!(
+            cgroup2_mount("27 25 0:24 / /x rw - cgroup cgroup rw\n"),
+            None
+        );
+        assert_eq!(
+            cgroup2_mount("1 2 0:1 / /odd\\040dir rw - cgroup2 cgroup2 rw\n").as_deref(),
+            Some("/odd dir")
+        );
+        assert_eq!(cgroup2_mount("garbage\n"), None);
+    }
+
+    #[test]
+    fn pod_names_from_the_kubelets_files() {
+        let hosts = "# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost\n\n10.244.1.7\ttrain-llm-worker-3\n";
+        assert_eq!(
+            pod_names_from("ml-team\n", hosts),
+            Some(("ml-team".into(), "train-llm-worker-3".into()))
+        );
+        assert_eq!(pod_names_from("", hosts), None);
+        assert_eq!(pod_names_from("ml team", hosts), None);
+        assert_eq!(pod_names_from("ml", "# only a comment\n"), None);
+    }
+
+    #[test]
+    fn the_job_name_from_scontrol() {
+        let out = "JobId=4711 JobName=llama-70b-pretrain UserId=alice(1000) GroupId=ml(1000) JobState=RUNNING\n";
+        assert_eq!(
+            slurm_job_name_from(out).as_deref(),
+            Some("llama-70b-pretrain")
+        );
+        assert_eq!(
+            slurm_job_name_from("slurm_load_jobs error: Invalid job id specified"),
+            None
+        );
+        assert_eq!(slurm_job_name_from("JobId=1 JobName= X=1"), None);
+    }
+
+    #[test]
+    fn this_hosts_own_cgroup_resolves_through_its_id() {
+        let h = RealHost::new("/nonexistent-kubelet", "");
+        let Some(root) = h.cgroup2_root() else {
+            eprintln!("SKIP: no cgroup2 mount here");
+            return;
+        };
+        let text = h.proc_cgroup(std::process::id()).unwrap();
+        let path = super::super::cgroup::parse_proc_cgroup(&text).0.unwrap();
+        let id = h
+            .cgroup_id(&path)
+            .unwrap_or_else(|| panic!("{path} under {root:?}"));
+        if path != "/" {
+            assert_eq!(h.find_cgroup(id).as_deref(), Some(path.as_str()));
+        }
+        assert!(h.alive(std::process::id()));
+        assert_eq!(h.pod_names("x"), None);
+        assert_eq!(h.slurm_job_name("1"), None, "scontrol off");
+    }
+}
