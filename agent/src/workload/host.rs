@@ -75,7 +75,7 @@ pub fn pod_names_from(namespace_file: &str, etc_hosts: &str) -> Option<(String, 
         .lines()
         .map(str::trim)
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        .last()?
+        .next_back()?
         .split_whitespace()
         .nth(1)?;
     (!ns.is_empty() && valid_name(ns) && valid_name(name))
