@@ -74,8 +74,7 @@ pub fn pod_names_from(namespace_file: &str, etc_hosts: &str) -> Option<(String, 
     let name = etc_hosts
         .lines()
         .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        .next_back()?
+        .rfind(|l| !l.is_empty() && !l.starts_with('#'))?
         .split_whitespace()
         .nth(1)?;
     (!ns.is_empty() && valid_name(ns) && valid_name(name))
