@@ -47,6 +47,11 @@ impl Fixture {
     /// One RC QP on the pseudo-RNIC `udp0` (local QPN 0x345, remote 0x777), connected
     /// to `dest` with `flow_label` when told `go`.
     pub fn qp_to(exe: &Path, dest: Ipv4Addr, flow_label: u32) -> Fixture {
+        Fixture::qp_numbered(exe, dest, flow_label, 0x345)
+    }
+
+    /// As [`Fixture::qp_to`], with local QPN `qpn`.
+    pub fn qp_numbered(exe: &Path, dest: Ipv4Addr, flow_label: u32, qpn: u32) -> Fixture {
         Fixture::spawn(
             exe,
             &[
@@ -57,7 +62,7 @@ impl Fixture {
                 "--sgid-index",
                 "0",
                 "--qpn",
-                "0x345",
+                &format!("{qpn:#x}"),
                 "--dest-qpn",
                 "0x777",
                 "--dgid",
@@ -78,6 +83,11 @@ impl Fixture {
         assert!(l.starts_with(prefix), "fixture said {l:?}, want {prefix}");
         l
     }
+    /// The fixture's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn go(&mut self) {
         self.stdin.write_all(b"go\n").unwrap();
         self.stdin.flush().unwrap();
