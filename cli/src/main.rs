@@ -21,6 +21,7 @@ mod connect;
 mod findings;
 mod format;
 mod hosts;
+mod service_paths;
 mod watch;
 
 use std::path::PathBuf;
@@ -552,88 +553,13 @@ async fn query(
             ..
         } => {
             let (src, dst) = tor_pair.clone().unwrap_or_default();
-            let paths = op
-                .list_service_paths(ListServicePathsRequest {
-                    service: service.clone().unwrap_or_default(),
-                    gid: gid_arg(gid),
-                    source_tor_id: src,
-                    target_tor_id: dst,
-                })
-                .await
-                .map_err(|s| target.rpc_failure("service-paths", s))?
-                .into_inner()
-                .paths;
-            if json {
-                json_rows(paths.iter().map(|p| {
-                    json!({
-                        "service": p.service,
-                        "source_gid": p.source_gid, "source_tor_id": p.source_tor_id,
-                        "source_agent_id": p.source_agent_id,
-                        "target_gid": p.target_gid, "target_tor_id": p.target_tor_id,
-                        "monitored": p.monitored, "flow_label": p.flow_label,
-                        "service_level": p.service_level, "traffic_class": p.traffic_class,
-                        "flows": p.flows,
-                        "qps": p.qps.iter().map(|q| json!({
-                            "local_qpn": q.local_qpn, "remote_qpn": q.remote_qpn,
-                            "pid": q.pid, "comm": q.comm,
-                            "first_seen_unix_ns": q.first_seen_unix_ns,
-                        })).collect::<Vec<_>>(),
-                        "latest": p.latest.as_ref().map(summary_json),
-                    })
-                }))
-            } else {
-                let mut t = Table::new(&[
-                    ("SERVICE", false),
-                    ("SRC_TOR", false),
-                    ("SRC_GID", false),
-                    ("DST_TOR", false),
-                    ("DST_GID", false),
-                    ("MONITORED", false),
-                    ("FLOW_LABEL", true),
-                    ("SL", true),
-                    ("TC", true),
-                    ("FLOWS", true),
-                    ("PROBES", true),
-                    ("LOSS%", true),
-                    ("RTT_P50_US", true),
-                    ("RTT_P99_US", true),
-                    ("QPS (local->remote pid/comm)", false),
-                ]);
-                for p in &paths {
-                    let qps: Vec<String> = p
-                        .qps
-                        .iter()
-                        .map(|q| format!("{}->{} {}/{}", q.local_qpn, q.remote_qpn, q.pid, q.comm))
-                        .collect();
-                    let (probes, loss, p50, p99) = match &p.latest {
-                        Some(s) => (
-                            s.probe_total.to_string(),
-                            loss_pct(s.probe_failed as u64, s.probe_total as u64),
-                            us(s.network_rtt_p50_ns),
-                            us(s.network_rtt_p99_ns),
-                        ),
-                        None => ("-".into(), "-".into(), "-".into(), "-".into()),
-                    };
-                    t.row(vec![
-                        p.service.clone(),
-                        or_dash(&p.source_tor_id),
-                        p.source_gid.clone(),
-                        or_dash(&p.target_tor_id),
-                        p.target_gid.clone(),
-                        yes_no(p.monitored),
-                        format!("{:#07x}", p.flow_label),
-                        p.service_level.to_string(),
-                        p.traffic_class.to_string(),
-                        p.flows.to_string(),
-                        probes,
-                        loss,
-                        p50,
-                        p99,
-                        qps.join(", "),
-                    ]);
-                }
-                t.render()
-            }
+            let req = ListServicePathsRequest {
+                service: service.clone().unwrap_or_default(),
+                gid: gid_arg(gid),
+                source_tor_id: src,
+                target_tor_id: dst,
+            };
+            service_paths::list(op, target, req, json).await?
         }
     };
     Ok(out)

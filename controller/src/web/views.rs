@@ -161,10 +161,12 @@ pub fn pair_paths(sla: &Sla, mut paths: Vec<PathSummary>, limit: usize) -> Value
     json!({ "total": total, "paths": shown })
 }
 
-/// Service paths grouped by service, each with its QPs, latest window and the retained
-/// windows as a sparkline (oldest first).
+/// Service paths grouped by service (the workload's key: a job, pod, container or unit)
+/// with the workload, each path with its QPs, latest window and the retained windows as a
+/// sparkline (oldest first).
 pub fn service_paths(sla: &Sla, paths: &[(ServicePath, Vec<PathSummary>)]) -> Value {
-    let mut by_service: std::collections::BTreeMap<&str, Vec<Value>> = Default::default();
+    type Group<'a> = (Option<&'a rpingmesh_proto::controller_agent::Workload>, Vec<Value>);
+    let mut by_service: std::collections::BTreeMap<&str, Group<'_>> = Default::default();
     for (p, history) in paths {
         let qps: Vec<Value> = p
             .qps
@@ -175,6 +177,7 @@ pub fn service_paths(sla: &Sla, paths: &[(ServicePath, Vec<PathSummary>)]) -> Va
                     "remote_qpn": q.remote_qpn,
                     "pid": q.pid,
                     "comm": q.comm,
+                    "part": q.workload_part,
                     "first_seen_unix_ns": q.first_seen_unix_ns,
                 })
             })
@@ -189,10 +192,9 @@ pub fn service_paths(sla: &Sla, paths: &[(ServicePath, Vec<PathSummary>)]) -> Va
                 })
             })
             .collect();
-        by_service
-            .entry(p.service.as_str())
-            .or_default()
-            .push(json!({
+        let g = by_service.entry(p.service.as_str()).or_default();
+        g.0 = g.0.or(p.workload.as_ref());
+        g.1.push(json!({
                 "source_gid": p.source_gid,
                 "source_tor": p.source_tor_id,
                 "source_agent": p.source_agent_id,
@@ -209,7 +211,15 @@ pub fn service_paths(sla: &Sla, paths: &[(ServicePath, Vec<PathSummary>)]) -> Va
     }
     let services: Vec<Value> = by_service
         .into_iter()
-        .map(|(name, paths)| json!({ "service": name, "paths": paths }))
+        .map(|(name, (w, paths))| {
+            let workload = w.map(|w| {
+                json!({
+                    "kind": w.kind, "name": w.name, "namespace": w.namespace, "id": w.id,
+                    "cgroup_path": w.cgroup_path,
+                })
+            });
+            json!({ "service": name, "workload": workload, "paths": paths })
+        })
         .collect();
     json!({ "services": services })
 }
