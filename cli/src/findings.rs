@@ -9,7 +9,8 @@ use clap::Args;
 use serde_json::{json, Value};
 
 use rpingmesh_proto::operator::{
-    Finding, FindingEvent, FindingEvidence, ListFindingsRequest, WatchFindingsRequest,
+    Finding, FindingEvent, FindingEvidence, FindingImpact, ListFindingsRequest,
+    WatchFindingsRequest,
 };
 
 use crate::connect::{Failure, Target};
@@ -58,7 +59,50 @@ pub fn finding_json(f: &Finding) -> Value {
         "last_seen_unix_ns": f.last_seen_unix_ns,
         "resolved_unix_ns": f.resolved_unix_ns,
         "evidence": evidence_json(&e),
+        "impact": f.impact.iter().map(impact_json).collect::<Vec<_>>(),
     })
+}
+
+pub fn impact_json(i: &FindingImpact) -> Value {
+    let w = i.workload.clone().unwrap_or_default();
+    json!({
+        "service": i.service,
+        "workload": {"kind": w.kind, "name": w.name, "namespace": w.namespace, "id": w.id},
+        "paths_affected": i.paths_affected,
+        "paths_uncertain": i.paths_uncertain,
+        "paths_total": i.paths_total,
+        "probe_total": i.probe_total,
+        "probe_failed": i.probe_failed,
+        "network_rtt_p99_ns": i.network_rtt_p99_ns,
+    })
+}
+
+/// The workloads a finding hurts, for a table cell: `JOB (affected/total paths[, N?])`,
+/// the first three, then how many more ("-": none).
+pub fn impact_cell(f: &Finding) -> String {
+    if f.impact.is_empty() {
+        return "-".into();
+    }
+    let mut parts: Vec<String> = f
+        .impact
+        .iter()
+        .take(3)
+        .map(|i| {
+            let maybe = if i.paths_uncertain > 0 {
+                format!(", {}?", i.paths_uncertain)
+            } else {
+                String::new()
+            };
+            format!(
+                "{} ({}/{}{maybe})",
+                i.service, i.paths_affected, i.paths_total
+            )
+        })
+        .collect();
+    if f.impact.len() > 3 {
+        parts.push(format!("+{} more", f.impact.len() - 3));
+    }
+    parts.join(", ")
 }
 
 fn evidence_json(e: &FindingEvidence) -> Value {
@@ -96,6 +140,7 @@ pub fn table(findings: &[Finding]) -> String {
         ("OPENED", false),
         ("LAST_SEEN", false),
         ("RESOLVED", false),
+        ("IMPACT", false),
         ("DETAIL", false),
     ]);
     for f in findings {
@@ -113,6 +158,7 @@ pub fn table(findings: &[Finding]) -> String {
             } else {
                 ns_utc(f.resolved_unix_ns)
             },
+            impact_cell(f),
             or_dash(detail(f)),
         ]);
     }
@@ -255,6 +301,7 @@ mod tests {
                 detail: "all 12 paths to and from it fail".into(),
                 ..Default::default()
             }),
+            impact: Vec::new(),
         }
     }
 
@@ -274,6 +321,7 @@ mod tests {
                 "OPENED",
                 "LAST_SEEN",
                 "RESOLVED",
+                "IMPACT",
                 "DETAIL"
             ]
         );
@@ -291,8 +339,34 @@ mod tests {
                 "-"
             ]
         );
-        assert_eq!(rows[1][9..].join(" "), "all 12 paths to and from it fail");
+        assert_eq!(rows[1][9], "-", "no impact");
+        assert_eq!(rows[1][10..].join(" "), "all 12 paths to and from it fail");
         assert_eq!(rows[2][8], "2023-11-14T22:15:20Z");
+    }
+
+    #[test]
+    fn the_impact_cell_names_the_worst_jobs() {
+        let mut f = finding(true);
+        let job = |s: &str, a, u, t| FindingImpact {
+            service: s.into(),
+            paths_affected: a,
+            paths_uncertain: u,
+            paths_total: t,
+            ..Default::default()
+        };
+        f.impact = vec![
+            job("slurm/4242", 2, 0, 3),
+            job("k8s/ml/trainer-0", 1, 1, 4),
+            job("systemd/x.service", 1, 0, 1),
+            job("docker/abc", 0, 2, 2),
+        ];
+        assert_eq!(
+            impact_cell(&f),
+            "slurm/4242 (2/3), k8s/ml/trainer-0 (1/4, 1?), systemd/x.service (1/1), +1 more"
+        );
+        let v = finding_json(&f);
+        assert_eq!(v["impact"][1]["paths_uncertain"], 1);
+        assert_eq!(v["impact"].as_array().unwrap().len(), 4);
     }
 
     #[test]

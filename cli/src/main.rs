@@ -21,6 +21,7 @@ mod connect;
 mod findings;
 mod format;
 mod hosts;
+mod job;
 mod service_paths;
 mod watch;
 
@@ -228,6 +229,10 @@ enum Cmd {
         #[arg(long, default_value = "")]
         reason: String,
     },
+    /// One workload (a Slurm job, a Kubernetes pod, a container or a unit, by its key such
+    /// as slurm/4242 or k8s/NS/POD, or by its name or id): its live service paths with
+    /// their health, and the findings that hurt it (open, and recently resolved).
+    Job { name: String },
     /// The audit trail, newest first: registrations that changed the registry, operator
     /// actions, refused calls (with etcd, every replica's).
     Audit {
@@ -546,6 +551,7 @@ async fn query(
         }
         Cmd::Hosts { problems } => hosts::hosts(op, target, *problems, json).await?,
         Cmd::Audit { limit } => audit::audit(op, target, *limit, json).await?,
+        Cmd::Job { name } => job::job(op, target, name, json).await?,
         Cmd::ServicePaths {
             service,
             gid,

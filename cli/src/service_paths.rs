@@ -81,7 +81,10 @@ pub fn render(paths: &[ServicePath], json: bool) -> String {
                     let short: String = q.workload_part.chars().take(12).collect();
                     format!(" [{short}]")
                 };
-                format!("{}->{} {}/{}{part}", q.local_qpn, q.remote_qpn, q.pid, q.comm)
+                format!(
+                    "{}->{} {}/{}{part}",
+                    q.local_qpn, q.remote_qpn, q.pid, q.comm
+                )
             })
             .collect();
         let (probes, loss, p50, p99) = match &p.latest {

@@ -89,6 +89,7 @@ async fn findings_table_json_and_bad_kind() {
             "OPENED",
             "LAST_SEEN",
             "RESOLVED",
+            "IMPACT",
             "DETAIL"
         ],
         "{out}"
@@ -100,8 +101,9 @@ async fn findings_table_json_and_bad_kind() {
         "{out}"
     );
     assert_eq!(rows[1][8], "-", "open: no resolution time");
+    assert_eq!(rows[1][9], "-", "no service paths: no impact");
     assert_eq!(
-        rows[1][9..].join(" "),
+        rows[1][10..].join(" "),
         "loss 100% to its peers, 100% from them"
     );
     assert_eq!(rows[2][..3], ["1", "link", "tor-a/uplink"], "{out}");

@@ -213,6 +213,18 @@ impl Analyzer {
         self.localized_through
     }
 
+    /// Whether [`Self::tick`] at `now_unix_ns` localizes a window.
+    pub fn window_due(&self, now_unix_ns: u64) -> bool {
+        self.unlocalized
+            .first_key_value()
+            .is_some_and(|(&start, &window_ns)| {
+                start
+                    .saturating_add(window_ns)
+                    .saturating_add(self.params.localize_settle_ns)
+                    <= now_unix_ns
+            })
+    }
+
     /// The length (ns) of the window starting at `start` when it has summaries that are
     /// not localized yet.
     pub fn pending_window(&self, start: u64) -> Option<u64> {

@@ -13,6 +13,7 @@ pub mod config;
 pub mod ecmp;
 pub mod findings;
 pub mod focus;
+pub mod impact;
 pub mod leader;
 pub mod limits;
 pub mod liveness;

@@ -19,6 +19,7 @@ pub const SERVICE_NAME: &str = "rpingmesh-analyzer";
 pub const METRIC_PATH_SUMMARIES: &str = "rpingmesh.analyzer.path_summaries_total";
 pub const METRIC_SLA_VIOLATIONS: &str = "rpingmesh.analyzer.sla_violations_total";
 pub const METRIC_FINDINGS_OPEN: &str = "rpingmesh.analyzer.findings_open";
+pub const METRIC_AFFECTED_SERVICES: &str = "rpingmesh.analyzer.affected_services";
 pub const METRIC_RNICS: &str = "rpingmesh.controller.rnics";
 pub const METRIC_SERVICE_PATHS: &str = "rpingmesh.controller.service_paths";
 pub const METRIC_HOST_FINDINGS: &str = "rpingmesh.hostping.host_findings";
@@ -179,6 +180,19 @@ impl Telemetry {
                     );
                 }
                 for (kind, n) in st.open_findings_by_kind() {
+                    o.observe(n as u64, &[KeyValue::new("kind", kind)]);
+                }
+            })
+            .build();
+        let st = Arc::downgrade(state);
+        meter
+            .u64_observable_gauge(METRIC_AFFECTED_SERVICES)
+            .with_description(
+                "Workloads (service-path groups: jobs, pods, containers, units) whose live service paths cross the component of an open finding, by finding kind (rnic|host|tor|link)",
+            )
+            .with_callback(move |o| {
+                let Some(st) = st.upgrade() else { return };
+                for (kind, n) in st.affected_services_by_kind() {
                     o.observe(n as u64, &[KeyValue::new("kind", kind)]);
                 }
             })

@@ -50,6 +50,7 @@ const OTHER_METRICS: &[&str] = &[
     "rpingmesh_analyzer_path_summaries_total",
     "rpingmesh_analyzer_sla_violations_total",
     "rpingmesh_analyzer_findings_open",
+    "rpingmesh_analyzer_affected_services",
     "rpingmesh_controller_rnics",
     "rpingmesh_controller_service_paths",
 ];

@@ -1,11 +1,14 @@
-//! Workloads end to end (root, real cgroups): the test makes cgroup v2 hierarchies shaped
-//! like a Kubernetes pod's container, a Slurm job step and a systemd service, runs the
-//! fake-ibverbs service in each (agent A traces it with uprobes), with a kubelet pod
-//! directory and an `scontrol` of its own making for the names. The controller lists
-//! three service paths, each under its workload (kind, key, names, container or step);
-//! killing the Slurm job's process removes its path and only its path.
+//! Workloads end to end (root, real cgroups, network namespaces): the test makes cgroup v2
+//! hierarchies shaped like a Kubernetes pod's container, a Slurm job step and a systemd
+//! service, runs the fake-ibverbs service in each (agent A traces it with uprobes), with a
+//! kubelet pod directory and an `scontrol` of its own making for the names. The pod and
+//! the unit talk to agent B's RNIC, the job to agent C's. The controller lists three
+//! service paths, each under its workload (kind, key, names, container or step). Then C's
+//! RNIC goes dark (nftables drops its probes): the RNIC finding's impact lists the Slurm
+//! job and nothing else, and `rpingmeshctl job` shows it. Killing the job's process
+//! removes its path and only its path.
 
-use std::net::Ipv4Addr;
+use rpingmesh_e2e::netns::BridgeNet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -13,8 +16,7 @@ use rpingmesh_e2e::fake_service::{build_fixture, Fixture};
 use rpingmesh_e2e::*;
 use rpingmesh_proto::operator::{ListServicePathsRequest, ServicePath};
 
-const A_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 7, 1);
-const B_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 7, 2);
+const WINDOW_SEC: u64 = 2;
 const POD_UID: &str = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0";
 const CONTAINER: &str = "c0ffee00c0ffee00c0ffee00c0ffee00c0ffee00c0ffee00c0ffee00c0ffee00";
 
@@ -119,38 +121,54 @@ async fn service_paths_name_the_pod_the_slurm_job_and_the_unit_they_serve() {
     let unit_cg = cg.make(&format!("{base}/system.slice/nccl-allreduce.service"));
 
     let fixture = build_fixture(dir.path(), "fake-ibverbs");
+    let mut net = BridgeNet::new().expect("bridge");
+    let c_ns = net.add_host("c", 1).expect("controller namespace");
+    let listen = format!("{}:50051", net.ip(1));
     let ctl = spawn_controller(
         dir.path(),
         "controller",
-        None,
-        "127.0.0.1:0",
-        &["--metrics-enabled", "false"],
+        Some(&c_ns),
+        &listen,
+        &[
+            "--metrics-enabled",
+            "false",
+            "--analyzer-localize-settle-sec",
+            "1",
+        ],
     )
     .unwrap();
     let ep = ctl.endpoint();
-    let common = |a: AgentArgs| {
-        a.flag("--metrics-enabled", "false")
+    let mut agents = Vec::new();
+    let mut ips = Vec::new();
+    for (i, (id, tor)) in [("wl-a", "tor-a"), ("wl-b", "tor-b"), ("wl-c", "tor-b")]
+        .into_iter()
+        .enumerate()
+    {
+        let host = 11 + i as u8;
+        let ns = net.add_host(id, host).expect("agent namespace");
+        let ip = net.ip(host);
+        let mut args = AgentArgs::new(id, tor, &listen, ip)
+            .flag("--hostname", id)
+            .flag("--metrics-enabled", "false")
             .flag("--hostping-enabled", "false")
-            .flag("--analysis-window-sec", 2)
-            .flag("--service-flow-report-interval-ms", 300)
-    };
-    let a = spawn_agent(
-        dir.path(),
-        None,
-        &common(AgentArgs::new("wl-a", "tor-a", &ctl.addr.to_string(), A_IP))
-            .flag("--service-tracing-mode", "uprobe")
-            .flag("--service-tracing-uprobe-targets", fixture.display())
-            .flag("--workload-kubelet-dir", kubelet.display())
-            .flag("--workload-scontrol", scontrol.display()),
-    )
-    .unwrap();
-    let _b = spawn_agent(
-        dir.path(),
-        None,
-        &common(AgentArgs::new("wl-b", "tor-b", &ctl.addr.to_string(), B_IP))
-            .flag("--service-tracing-mode", "off"),
-    )
-    .unwrap();
+            .flag("--analysis-window-sec", WINDOW_SEC)
+            .flag("--probe-interval-ms", 20)
+            .flag("--tor-mesh-probe-rate-per-second", 50)
+            .flag("--inter-tor-probe-rate-per-second", 50)
+            .flag("--pinglist-update-interval-sec", 2)
+            .flag("--service-flow-report-interval-ms", 300);
+        args = if id == "wl-a" {
+            args.flag("--service-tracing-mode", "uprobe")
+                .flag("--service-tracing-uprobe-targets", fixture.display())
+                .flag("--workload-kubelet-dir", kubelet.display())
+                .flag("--workload-scontrol", scontrol.display())
+        } else {
+            args.flag("--service-tracing-mode", "off")
+        };
+        agents.push((spawn_agent(dir.path(), Some(&ns), &args).unwrap(), ns));
+        ips.push(ip);
+    }
+    let a = &agents[0].0;
     let on = wait_for(Duration::from_secs(20), Duration::from_millis(100), || {
         let on = a.stderr().contains("service tracing on");
         async move { on.then_some(()) }
@@ -164,8 +182,12 @@ async fn service_paths_name_the_pod_the_slurm_job_and_the_unit_they_serve() {
 
     // One service in each cgroup, moved there before it makes its QP.
     let mut services = Vec::new();
-    for (i, cgroup) in [&pod_cg, &job_cg, &unit_cg].into_iter().enumerate() {
-        let mut fx = Fixture::qp_numbered(&fixture, B_IP, 0x1000 + i as u32, 0x345 + i as u32);
+    let (b_ip, c_ip) = (ips[1], ips[2]);
+    for (i, (cgroup, dest)) in [(&pod_cg, b_ip), (&job_cg, c_ip), (&unit_cg, b_ip)]
+        .into_iter()
+        .enumerate()
+    {
+        let mut fx = Fixture::qp_numbered(&fixture, dest, 0x1000 + i as u32, 0x345 + i as u32);
         fx.expect("ready");
         std::fs::write(cgroup.join("cgroup.procs"), fx.pid().to_string())
             .unwrap_or_else(|e| panic!("moving the service into {}: {e}", cgroup.display()));
@@ -191,14 +213,14 @@ async fn service_paths_name_the_pod_the_slurm_job_and_the_unit_they_serve() {
             "",
         ),
     ];
-    let (ga, gb) = (gid_of(A_IP), gid_of(B_IP));
+    let ga = gid_of(ips[0]);
     let listed = wait_for(Duration::from_secs(20), Duration::from_millis(200), || {
-        let (ep, ga, gb) = (ep.clone(), ga.clone(), gb.clone());
+        let (ep, ga) = (ep.clone(), ga.clone());
         async move {
             let ps: Vec<ServicePath> = service_paths(&ep)
                 .await
                 .into_iter()
-                .filter(|p| p.source_gid == ga && p.target_gid == gb)
+                .filter(|p| p.source_gid == ga && p.monitored)
                 .collect();
             (ps.len() == 3).then_some(ps)
         }
@@ -237,15 +259,80 @@ async fn service_paths_name_the_pod_the_slurm_job_and_the_unit_they_serve() {
     let pod = listed.iter().find(|p| p.service == want[0].0).unwrap();
     assert_eq!(pod.workload.as_ref().unwrap().id, POD_UID);
 
+    // C's RNIC goes dark: the finding names the job whose path ends there, alone.
+    net.host(&agents[2].1)
+        .unwrap()
+        .nft(&format!(
+            "table inet rpm_dark {{\n  chain input {{\n    type filter hook input priority 0; policy accept;\n    \
+             udp dport {PROBE_PORT} drop\n  }}\n  chain output {{\n    type filter hook output priority 0; policy accept;\n    \
+             udp sport {PROBE_PORT} drop\n  }}\n}}\n"
+        ))
+        .expect("dropping C's probes");
+    let op = operator(&ep).await.unwrap();
+    let finding = wait_for(Duration::from_secs(40), Duration::from_millis(300), || {
+        let mut op = op.clone();
+        async move {
+            op.list_findings(rpingmesh_proto::operator::ListFindingsRequest::default())
+                .await
+                .ok()?
+                .into_inner()
+                .findings
+                .into_iter()
+                .find(|f| {
+                    f.open && f.kind == "rnic" && f.location == "wl-c/udp0" && !f.impact.is_empty()
+                })
+        }
+    })
+    .await
+    .unwrap_or_else(|| {
+        panic!(
+            "no RNIC finding with an impact for wl-c:\n{}",
+            tail_lines(&ctl.proc.stderr(), 30)
+        )
+    });
+    let hurt: Vec<(&str, u32, u32)> = finding
+        .impact
+        .iter()
+        .map(|i| (i.service.as_str(), i.paths_affected, i.paths_total))
+        .collect();
+    assert_eq!(hurt, [("slurm/4242", 1, 1)], "{finding:#?}");
+    let w = finding.impact[0].workload.clone().unwrap();
+    assert_eq!(
+        (w.kind.as_str(), w.name.as_str()),
+        ("slurm_job", "llama-pretrain")
+    );
+    let job = std::process::Command::new(bin("rpingmeshctl"))
+        .args([
+            "--controller",
+            &ctl.addr.to_string(),
+            "job",
+            "llama-pretrain",
+        ])
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&job.stdout);
+    assert!(
+        job.status.success(),
+        "{}",
+        String::from_utf8_lossy(&job.stderr)
+    );
+    assert!(
+        out.contains("slurm/4242 (slurm_job, llama-pretrain)")
+            && out.contains("1 live service paths")
+            && out.contains("1 findings touch it")
+            && out.contains("wl-c/udp0"),
+        "{out}"
+    );
+
     // The Slurm job's process dies: its path goes, the others stay.
     drop(services.remove(1));
     let after = wait_for(Duration::from_secs(20), Duration::from_millis(200), || {
-        let (ep, ga, gb) = (ep.clone(), ga.clone(), gb.clone());
+        let (ep, ga) = (ep.clone(), ga.clone());
         async move {
             let ps: Vec<String> = service_paths(&ep)
                 .await
                 .into_iter()
-                .filter(|p| p.source_gid == ga && p.target_gid == gb)
+                .filter(|p| p.source_gid == ga)
                 .map(|p| p.service)
                 .collect();
             (ps.len() == 2).then_some(ps)
@@ -255,4 +342,7 @@ async fn service_paths_name_the_pod_the_slurm_job_and_the_unit_they_serve() {
     .unwrap_or_else(|| panic!("the job's path stayed:\nA: {}", tail_lines(&a.stderr(), 30)));
     assert!(!after.iter().any(|s| s == "slurm/4242"), "{after:?}");
     drop(services);
+    drop(agents);
+    drop(ctl);
+    drop(net);
 }

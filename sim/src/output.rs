@@ -148,6 +148,7 @@ mod tests {
                 loss_ratio_stderr: 0.01,
                 score: 0.0,
             }),
+            impact: Vec::new(),
         };
         let mut r = FindingRecord::from_finding(&f, base);
         let j = r.to_json();

@@ -59,7 +59,9 @@ pub fn parse_proc_cgroup(text: &str) -> (Option<String>, Vec<(String, String)>) 
 /// (the unified one first, then v1's, `name=systemd` first), the most specific workload (a
 /// pod or a job over a container over a unit over a bare path); `None` when every path is
 /// the root. On a hybrid host a Slurm task sits in `job_N` in the v1 hierarchies Slurm
-/// uses while the others still show slurmd's unit.
+/// uses while the others still show slurmd's unit. A bare path counts only from the
+/// unified hierarchy: a v1 controller's own grouping (a resource manager's memory cgroup)
+/// names no job.
 pub fn from_proc_cgroup(text: &str) -> Option<Workload> {
     let (v2, mut v1) = parse_proc_cgroup(text);
     let rank = |c: &str| match c {
@@ -71,11 +73,11 @@ pub fn from_proc_cgroup(text: &str) -> Option<Workload> {
     };
     v1.sort_by_key(|(c, _)| rank(c));
     let mut best: Option<Workload> = None;
-    for w in v2
+    let from_v1 = v1
         .iter()
-        .chain(v1.iter().map(|(_, p)| p))
-        .filter_map(|p| parse_path(p))
-    {
+        .filter_map(|(_, p)| parse_path(p))
+        .filter(|w| w.kind != WorkloadKind::Cgroup);
+    for w in v2.iter().filter_map(|p| parse_path(p)).chain(from_v1) {
         if best
             .as_ref()
             .is_none_or(|b| w.kind.specificity() > b.kind.specificity())
@@ -345,6 +347,11 @@ mod tests {
         assert_eq!(from_proc_cgroup(both).unwrap().key, "systemd/a.service");
         // Everything at the root: nothing.
         assert_eq!(from_proc_cgroup("1:name=systemd:/\n0::/\n"), None);
+        // A v1 controller's own grouping is no job (a sandbox's memory cgroup).
+        assert_eq!(
+            from_proc_cgroup("4:memory:/process_api/4ca6ddf4\n0::/\n"),
+            None
+        );
         // An unknown v2 path stays the answer when v1 has nothing better.
         assert_eq!(
             from_proc_cgroup("0::/batch/run7\n1:cpu:/\n").unwrap().key,

@@ -417,6 +417,7 @@ impl Localizer {
                             resolved_unix_ns: 0,
                             open: true,
                             evidence: Some(ev),
+                            impact: Vec::new(),
                         };
                         events.push(event("opened", &f));
                         self.open.insert(id, f);
@@ -453,6 +454,14 @@ impl Localizer {
         events
     }
 
+    /// Sets what open finding `id` hurts (`crate::impact`); it stays with the finding
+    /// once resolved.
+    pub fn set_impact(&mut self, id: u64, impact: Vec<rpingmesh_proto::operator::FindingImpact>) {
+        if let Some(f) = self.open.get_mut(&id) {
+            f.impact = impact;
+        }
+    }
+
     fn push_resolved(&mut self, f: Finding) {
         self.resolved.push_back(f);
         while self.resolved.len() > self.params.resolved_capacity.max(1) {
@@ -472,6 +481,24 @@ impl Localizer {
         };
         out.extend(self.resolved.iter().rev().filter(keep).take(limit).cloned());
         out
+    }
+
+    /// Per finding kind (every kind present, 0 when none), the workloads that open
+    /// findings of that kind hurt (paths that surely cross the component), each once.
+    pub fn affected_services_by_kind(&self) -> BTreeMap<&'static str, usize> {
+        let mut sets: BTreeMap<&'static str, std::collections::BTreeSet<&str>> = ComponentKind::ALL
+            .iter()
+            .map(|k| (k.as_str(), Default::default()))
+            .collect();
+        for f in self.open.values() {
+            if let Some(k) = ComponentKind::parse(&f.kind) {
+                let set = sets.entry(k.as_str()).or_default();
+                for i in f.impact.iter().filter(|i| i.paths_affected > 0) {
+                    set.insert(&i.service);
+                }
+            }
+        }
+        sets.into_iter().map(|(k, s)| (k, s.len())).collect()
     }
 
     /// Open findings per kind (every kind present, 0 when none).

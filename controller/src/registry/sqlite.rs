@@ -469,6 +469,7 @@ mod tests {
                 loss_ratio_stderr: 0.0,
                 score: 0.0,
             }),
+            impact: Vec::new(),
         }
     }
 

@@ -117,6 +117,23 @@ const UNSAVED_FINDINGS_CAP: usize = 10_000;
 
 /// The store key of the gray detector's learned baseline, and how many windows it learns
 /// between two writes (five minutes of 30 s windows).
+/// Sets the impact (`crate::impact`) of every finding `events` open or update, on the
+/// events and on the analyzer's findings.
+fn attach_impact(
+    a: &mut Analyzer,
+    idx: &RegistryIndex,
+    paths: &[ServicePath],
+    events: &mut [FindingEvent],
+) {
+    for e in events.iter_mut() {
+        let Some(f) = e.finding.as_mut().filter(|f| f.open) else {
+            continue;
+        };
+        f.impact = crate::impact::impact(f, paths, idx, a.localizer().topology());
+        a.localizer_mut().set_impact(f.id, f.impact.clone());
+    }
+}
+
 /// An agent awaiting a window's localization (adaptive probing) is answered at most this
 /// long after the window's settle time, and after at most [`AWAIT_MAX`] (below the
 /// agents' 10 s RPC timeout; an agent answered before the window was localized awaits
@@ -606,9 +623,16 @@ impl ControllerState {
             return Vec::new();
         }
         let now = self.now_ns();
+        // What the findings a window moves hurt: the live service paths, read before the
+        // analyzer lock is taken (lock order: index, service paths, analyzer).
+        let due = self.analyzer().is_some_and(|a| a.window_due(now));
+        let services = due.then(|| self.service_paths(&ServicePathFilter::default()));
         let events = self.step_findings(|a, idx| {
-            let events = a.tick(now, idx);
+            let mut events = a.tick(now, idx);
             self.refocus(a, idx, now / 1_000_000_000);
+            if let Some(paths) = &services {
+                attach_impact(a, idx, paths, &mut events);
+            }
             events
         });
         self.save_baseline();
@@ -947,6 +971,14 @@ impl ControllerState {
     pub fn open_findings_by_kind(&self) -> BTreeMap<&'static str, usize> {
         self.analyzer()
             .map(|a| a.localizer().open_by_kind())
+            .unwrap_or_default()
+    }
+
+    /// Per kind of open component finding (every kind, 0 when none), the workloads
+    /// they hurt.
+    pub fn affected_services_by_kind(&self) -> BTreeMap<&'static str, usize> {
+        self.analyzer()
+            .map(|a| a.localizer().affected_services_by_kind())
             .unwrap_or_default()
     }
 

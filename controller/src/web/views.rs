@@ -165,7 +165,10 @@ pub fn pair_paths(sla: &Sla, mut paths: Vec<PathSummary>, limit: usize) -> Value
 /// with the workload, each path with its QPs, latest window and the retained windows as a
 /// sparkline (oldest first).
 pub fn service_paths(sla: &Sla, paths: &[(ServicePath, Vec<PathSummary>)]) -> Value {
-    type Group<'a> = (Option<&'a rpingmesh_proto::controller_agent::Workload>, Vec<Value>);
+    type Group<'a> = (
+        Option<&'a rpingmesh_proto::controller_agent::Workload>,
+        Vec<Value>,
+    );
     let mut by_service: std::collections::BTreeMap<&str, Group<'_>> = Default::default();
     for (p, history) in paths {
         let qps: Vec<Value> = p
@@ -195,19 +198,19 @@ pub fn service_paths(sla: &Sla, paths: &[(ServicePath, Vec<PathSummary>)]) -> Va
         let g = by_service.entry(p.service.as_str()).or_default();
         g.0 = g.0.or(p.workload.as_ref());
         g.1.push(json!({
-                "source_gid": p.source_gid,
-                "source_tor": p.source_tor_id,
-                "source_agent": p.source_agent_id,
-                "target_gid": p.target_gid,
-                "target_tor": p.target_tor_id,
-                "flow_label": p.flow_label,
-                "traffic_class": p.traffic_class,
-                "monitored": p.monitored,
-                "flows": p.flows,
-                "qps": qps,
-                "latest": p.latest.as_ref().map(|s| window(sla, s)),
-                "history": spark,
-            }));
+            "source_gid": p.source_gid,
+            "source_tor": p.source_tor_id,
+            "source_agent": p.source_agent_id,
+            "target_gid": p.target_gid,
+            "target_tor": p.target_tor_id,
+            "flow_label": p.flow_label,
+            "traffic_class": p.traffic_class,
+            "monitored": p.monitored,
+            "flows": p.flows,
+            "qps": qps,
+            "latest": p.latest.as_ref().map(|s| window(sla, s)),
+            "history": spark,
+        }));
     }
     let services: Vec<Value> = by_service
         .into_iter()
