@@ -357,6 +357,18 @@ async fn web_page_prometheus_and_dashboards_against_the_demo() {
         drill.dom
     );
 
+    // The job's page (what a click on a service group's name shows): its path, probed.
+    let job = chromium_at(&ns, dir.path(), None, &format!("#job={SERVICE}"));
+    assert_page_is_clean(&job, "job page");
+    assert!(
+        job.dom
+            .contains("id=\"job-section\" style=\"display: block;\"")
+            && job.dom.contains("<tr class=\"job-path\">")
+            && job.dom.contains(&format!("href=\"#job={SERVICE}\"")),
+        "no job page for {SERVICE}:\n{}",
+        job.dom
+    );
+
     // 4. Loss on agent-8: every probe arriving at it is dropped.
     let lossy_ip = layout.agent_ip(LOSSY_AGENT);
     ns.nft(&format!(

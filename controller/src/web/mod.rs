@@ -25,6 +25,8 @@ use crate::analyzer::PathFilter;
 use crate::pinglist;
 use crate::service::ControllerState;
 use crate::service_paths::ServicePathFilter;
+use rpingmesh_proto::controller_agent::PathSummary;
+use rpingmesh_proto::operator::ServicePath;
 use views::{AgentRow, Sla};
 
 /// The page, embedded at build time.
@@ -48,6 +50,7 @@ pub fn router(state: Arc<ControllerState>) -> Router {
         .route("/api/service-paths", get(service_paths))
         .route("/api/findings", get(findings))
         .route("/api/localized", get(localized))
+        .route("/api/job", get(job))
         .route("/api/rnics", get(rnics))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
@@ -230,8 +233,39 @@ async fn paths(State(st): St, Query(q): Query<PathsQuery>) -> Response {
 }
 
 async fn service_paths(State(st): St) -> Response {
-    let list = st.service_paths(&ServicePathFilter::default());
-    let with_history: Vec<_> = match st.analyzer() {
+    let with_history = paths_with_history(&st, &ServicePathFilter::default());
+    no_store(views::service_paths(&sla_or_default(&st), &with_history))
+}
+
+/// One workload (`?service=KEY`): its service paths and the findings that hurt it.
+async fn job(State(st): St, Query(q): Query<HashMap<String, String>>) -> Response {
+    let service = q.get("service").cloned().unwrap_or_default();
+    let with_history = paths_with_history(
+        &st,
+        &ServicePathFilter {
+            service: &service,
+            ..Default::default()
+        },
+    );
+    let findings = st
+        .analyzer()
+        .map(|a| a.localizer().list(100, ""))
+        .unwrap_or_default();
+    no_store(views::job(
+        &sla_or_default(&st),
+        &service,
+        &with_history,
+        &findings,
+    ))
+}
+
+/// Service paths with their retained SERVICE windows (oldest first).
+fn paths_with_history(
+    st: &ControllerState,
+    filter: &ServicePathFilter<'_>,
+) -> Vec<(ServicePath, Vec<PathSummary>)> {
+    let list = st.service_paths(filter);
+    match st.analyzer() {
         Some(a) => list
             .into_iter()
             .map(|p| {
@@ -244,8 +278,7 @@ async fn service_paths(State(st): St) -> Response {
             })
             .collect(),
         None => list.into_iter().map(|p| (p, Vec::new())).collect(),
-    };
-    no_store(views::service_paths(&sla_or_default(&st), &with_history))
+    }
 }
 
 async fn findings(State(st): St, Query(q): Query<HashMap<String, String>>) -> Response {

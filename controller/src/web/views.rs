@@ -328,10 +328,54 @@ pub fn localized(list: &[rpingmesh_proto::operator::Finding], limit: usize) -> V
                 "direction": ev.direction,
                 "flow_labels": ev.flow_labels,
                 "paths_total": ev.paths_total,
+                "severity": f.severity,
+                "impact": f.impact.iter().map(impact).collect::<Vec<_>>(),
             })
         })
         .collect();
     json!({ "open": open, "total": list.len(), "findings": items })
+}
+
+/// One workload a finding hurts.
+fn impact(i: &rpingmesh_proto::operator::FindingImpact) -> Value {
+    let w = i.workload.clone().unwrap_or_default();
+    json!({
+        "service": i.service,
+        "kind": w.kind,
+        "name": w.name,
+        "paths_affected": i.paths_affected,
+        "paths_uncertain": i.paths_uncertain,
+        "paths_total": i.paths_total,
+        "loss_ratio": loss(i.probe_total, i.probe_failed),
+        "probe_total": i.probe_total,
+        "network_rtt_p99_ns": i.network_rtt_p99_ns,
+    })
+}
+
+/// One workload's page: its service paths (as in [`service_paths`]) and the localized
+/// findings whose impact names it.
+pub fn job(
+    sla: &Sla,
+    service: &str,
+    paths: &[(ServicePath, Vec<PathSummary>)],
+    findings: &[rpingmesh_proto::operator::Finding],
+) -> Value {
+    let touching: Vec<rpingmesh_proto::operator::Finding> = findings
+        .iter()
+        .filter(|f| f.impact.iter().any(|i| i.service == service))
+        .cloned()
+        .collect();
+    let groups = service_paths(sla, paths);
+    let group = groups["services"]
+        .as_array()
+        .and_then(|v| v.iter().find(|g| g["service"] == service).cloned())
+        .unwrap_or(Value::Null);
+    json!({
+        "service": service,
+        "workload": group.get("workload").cloned().unwrap_or(Value::Null),
+        "paths": group.get("paths").cloned().unwrap_or_else(|| json!([])),
+        "findings": localized(&touching, touching.len().max(1))["findings"].clone(),
+    })
 }
 
 /// An agent as the page lists it.
@@ -507,6 +551,56 @@ mod tests {
         assert_eq!(x["flow_labels"], json!([7, 9]));
         assert!(x["resolved_unix_ns"].is_null());
         assert_eq!(v["findings"][1]["resolved_unix_ns"], 30);
+    }
+
+    #[test]
+    fn a_jobs_page_has_its_paths_and_only_the_findings_that_hurt_it() {
+        use rpingmesh_proto::controller_agent::Workload;
+        use rpingmesh_proto::operator::{Finding, FindingImpact};
+        let path = |service: &str| ServicePath {
+            source_gid: "a".into(),
+            target_gid: "b".into(),
+            service: service.into(),
+            workload: Some(Workload {
+                kind: "slurm_job".into(),
+                key: service.into(),
+                name: "pretrain".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let finding = |id, service: &str| Finding {
+            id,
+            kind: "rnic".into(),
+            location: "h/mlx5_0".into(),
+            open: true,
+            impact: vec![FindingImpact {
+                service: service.into(),
+                paths_affected: 1,
+                paths_total: 1,
+                probe_total: 100,
+                probe_failed: 5,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let paths = vec![(path("slurm/1"), Vec::new()), (path("slurm/2"), Vec::new())];
+        let v = job(
+            &SLA,
+            "slurm/1",
+            &paths,
+            &[finding(1, "slurm/1"), finding(2, "slurm/2")],
+        );
+        assert_eq!(v["workload"]["name"], "pretrain");
+        assert_eq!(v["paths"].as_array().unwrap().len(), 1);
+        let f = v["findings"].as_array().unwrap();
+        assert_eq!(f.len(), 1);
+        assert_eq!(f[0]["id"], 1);
+        assert_eq!(f[0]["impact"][0]["service"], "slurm/1");
+        assert_eq!(f[0]["impact"][0]["loss_ratio"], 0.05);
+        let none = job(&SLA, "slurm/9", &paths, &[]);
+        assert_eq!(none["paths"], json!([]));
+        assert_eq!(none["findings"], json!([]));
     }
 
     #[test]
