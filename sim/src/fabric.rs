@@ -172,6 +172,11 @@ impl Fabric {
         }
     }
 
+    /// The fabric scenario `s` runs on (its ECMP hash seeded from the scenario's seed).
+    pub fn of_scenario(s: &crate::scenario::Scenario) -> Fabric {
+        Fabric::new(&s.fabric, (s.seed ^ (s.seed >> 32)) as u32)
+    }
+
     /// The RNIC index of `h<g>-<i>/r<j>`.
     pub fn rnic_index(&self, name: &str) -> Option<u32> {
         match parse_location(name)? {

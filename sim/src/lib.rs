@@ -71,6 +71,7 @@ pub mod output;
 pub mod rng;
 pub mod scenario;
 pub mod sim;
+pub mod workloads;
 
 pub use background::Background;
 pub use fabric::Fabric;

@@ -1054,6 +1054,20 @@ pub fn target_checks(lines: &[Line]) -> Vec<Check> {
                 let kind = text(l, "fault_kind");
                 accuracy_checks(&mut out, "hostping link inference", &kind, l, None);
             }
+            // Which jobs a finding says it hurts, over every fault kind at once.
+            "localization_impact" | "gray_impact" if text(l, "fault_kind") == "all" => {
+                for k in ["precision", "recall"] {
+                    if let Some(v) = num(l, &format!("impact_{k}")) {
+                        out.push((
+                            format!("{bench} {k} (jobs a finding names), all kinds"),
+                            format!("{v:.3}"),
+                            ">= 0.98".into(),
+                            v / 0.98,
+                            v >= 0.98,
+                        ));
+                    }
+                }
+            }
             "hostping_cpu" => {
                 if let (Some(c), Some(t)) = (num(l, "cpu_share_of_core"), num(l, "target")) {
                     out.push((

@@ -35,6 +35,7 @@ use rpingmesh_sim::eval::{
     SUITE_FABRICS,
 };
 use rpingmesh_sim::gray::{fault_free_hour, gray_scenario, GRAY_FABRICS, GRAY_KINDS};
+use rpingmesh_sim::workloads::{score_impact, ImpactScore, SCORED_JOBS};
 use rpingmesh_sim::{try_run, Scenario, SimOptions, SimOutcome};
 use serde_json::{json, Value};
 
@@ -192,6 +193,8 @@ fn describe(s: &Scenario) -> String {
 /// One scenario's run, scored.
 struct Run {
     score: ScenarioScore,
+    /// Per fault: the jobs its finding says it hurts against the jobs it hurts.
+    impact: Vec<ImpactScore>,
     probes: u64,
     focus_probes: u64,
     sec: u64,
@@ -229,6 +232,7 @@ fn run_scored(name: &str, i: usize, s: &Scenario, opts: &SimOptions) -> Run {
     }
     Run {
         score: sc,
+        impact: score_impact(s, &out.findings),
         probes: out.probes.sent,
         focus_probes: out.probes.focus,
         sec: s.duration_sec,
@@ -270,6 +274,7 @@ fn black_suite(a: &Args, opts: &SimOptions) {
     for (kind, r) in report(&scores, &BLACK_KINDS) {
         println!("{}", kind_row("localization", kind, None, &r));
     }
+    impact_rows("localization_impact", &runs);
     let fault_free: Vec<&Run> = runs.iter().filter(|r| r.fault_free).collect();
     println!(
         "{}",
@@ -322,6 +327,45 @@ fn black_suite(a: &Args, opts: &SimOptions) {
     );
 }
 
+/// Per fault kind (and in all): of the jobs the faults hurt, those their findings named
+/// (recall), and of the jobs named, those truly hurt (precision); jobs per fabric as
+/// [`SCORED_JOBS`].
+fn impact_rows(bench: &str, runs: &[Run]) {
+    let mut by: std::collections::BTreeMap<&str, (usize, usize, usize, usize, usize)> =
+        Default::default();
+    for i in runs.iter().flat_map(|r| &r.impact) {
+        for k in [i.fault_kind, "all"] {
+            let e = by.entry(k).or_default();
+            e.0 += 1;
+            e.1 += i.truth;
+            e.2 += i.named;
+            e.3 += i.correct;
+            e.4 += i.uncertain;
+        }
+    }
+    let (jobs, size, qps) = SCORED_JOBS;
+    for (kind, (faults, truth, named, correct, uncertain)) in by {
+        let ratio = |a: usize, b: usize| if b == 0 { 1.0 } else { a as f64 / b as f64 };
+        println!(
+            "{}",
+            json!({
+                "bench": bench,
+                "fault_kind": kind,
+                "faults": faults,
+                "jobs_hurt": truth,
+                "jobs_named": named,
+                "jobs_named_correctly": correct,
+                "jobs_uncertain": uncertain,
+                "impact_precision": ratio(correct, named),
+                "impact_recall": ratio(correct, truth),
+                "jobs_per_fabric": jobs,
+                "rnics_per_job": size,
+                "qps_per_hop": qps,
+            })
+        );
+    }
+}
+
 fn gray_suite(a: &Args, opts: &SimOptions) {
     let t0 = Instant::now();
     let runs: Vec<Run> = parallel(a.gray_scenarios, a.jobs, |i| {
@@ -353,6 +397,7 @@ fn gray_suite(a: &Args, opts: &SimOptions) {
             println!("{row}");
         }
     }
+    impact_rows("gray_impact", &runs);
     let probes: u64 = runs.iter().map(|r| r.probes).sum();
     let focus: u64 = runs.iter().map(|r| r.focus_probes).sum();
     println!(
