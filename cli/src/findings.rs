@@ -60,6 +60,8 @@ pub fn finding_json(f: &Finding) -> Value {
         "resolved_unix_ns": f.resolved_unix_ns,
         "evidence": evidence_json(&e),
         "impact": f.impact.iter().map(impact_json).collect::<Vec<_>>(),
+        "suppressed": f.suppressed,
+        "suppressed_by": f.suppressed_by,
     })
 }
 
@@ -159,7 +161,10 @@ pub fn table(findings: &[Finding]) -> String {
                 ns_utc(f.resolved_unix_ns)
             },
             impact_cell(f),
-            or_dash(detail(f)),
+            match f.suppressed.as_str() {
+                "" => or_dash(detail(f)),
+                why => format!("[{why}, action {}] {}", f.suppressed_by, detail(f)),
+            },
         ]);
     }
     t.render()
@@ -302,6 +307,8 @@ mod tests {
                 ..Default::default()
             }),
             impact: Vec::new(),
+            suppressed: String::new(),
+            suppressed_by: 0,
         }
     }
 

@@ -16,6 +16,7 @@
 //! - 3: the controller could not be reached (connection refused, TLS handshake failure,
 //!   deadline: every call is bounded by `--timeout-sec`).
 
+mod actions;
 mod audit;
 mod connect;
 mod findings;
@@ -233,6 +234,16 @@ enum Cmd {
     /// as slurm/4242 or k8s/NS/POD, or by its name or id): its live service paths with
     /// their health, and the findings that hurt it (open, and recently resolved).
     Job { name: String },
+    /// Action (role operator): drain an RNIC or a host for maintenance: it leaves every
+    /// pinglist (as target and prober) and its findings are marked "in maintenance".
+    Drain(actions::DrainArgs),
+    /// Action (role operator): silence a finding, or a component's findings, for a while:
+    /// they still record their windows but do not alert.
+    Silence(actions::SilenceArgs),
+    /// Action (role operator): end a drain or a silence now (undrain, unsilence).
+    EndAction { id: u64 },
+    /// The drains and silences in force.
+    Actions,
     /// The audit trail, newest first: registrations that changed the registry, operator
     /// actions, refused calls (with etcd, every replica's).
     Audit {
@@ -552,6 +563,10 @@ async fn query(
         Cmd::Hosts { problems } => hosts::hosts(op, target, *problems, json).await?,
         Cmd::Audit { limit } => audit::audit(op, target, *limit, json).await?,
         Cmd::Job { name } => job::job(op, target, name, json).await?,
+        Cmd::Drain(a) => actions::drain(op, target, a, json).await?,
+        Cmd::Silence(a) => actions::silence(op, target, a, json).await?,
+        Cmd::EndAction { id } => actions::end(op, target, *id, json).await?,
+        Cmd::Actions => actions::list(op, target, json).await?,
         Cmd::ServicePaths {
             service,
             gid,

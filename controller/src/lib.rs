@@ -6,6 +6,7 @@
 //! `service` and `server` are the thin gRPC layer over them; `leader` elects the replica
 //! that analyzes when several share etcd.
 
+pub mod actions;
 pub mod analyzer;
 pub mod audit;
 pub mod auth;

@@ -88,6 +88,8 @@ pub fn sweep_interval(stale_threshold_sec: u64) -> Duration {
 pub const FINDINGS_TICK: Duration = Duration::from_secs(1);
 /// How often audit lines go to the store's trail.
 pub const AUDIT_FLUSH: Duration = Duration::from_secs(1);
+/// How often each replica reads the drains and silences back from the store.
+pub const ACTIONS_REFRESH: Duration = Duration::from_secs(2);
 
 /// Opens the registry named by the config and starts serving on `listen_addr`.
 pub async fn start(
@@ -225,6 +227,27 @@ pub async fn start_with_state(
         })
     };
 
+    // Operators' drains and silences: what the store holds (another replica may have
+    // taken or ended some), expired ones deleted.
+    let actions = {
+        let state = state.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(ACTIONS_REFRESH);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let st = state.clone();
+                match tokio::task::spawn_blocking(move || st.refresh_actions()).await {
+                    Ok(Err(e)) => {
+                        tracing::warn!(error = %e, "reading the drains and silences from the store failed; the ones held stay")
+                    }
+                    Err(e) => tracing::error!(error = %e, "actions refresh task"),
+                    Ok(Ok(())) => {}
+                }
+            }
+        })
+    };
+
     // Replicas on etcd: every replica's service flows into this one's table.
     if let Some(mut rx) = state.registry.shared_service_flows() {
         let state = state.clone();
@@ -304,6 +327,7 @@ pub async fn start_with_state(
         watch.abort();
         reload.abort();
         audit.abort();
+        actions.abort();
         if let Some(f) = findings {
             f.abort();
         }

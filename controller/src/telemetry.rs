@@ -20,6 +20,7 @@ pub const METRIC_PATH_SUMMARIES: &str = "rpingmesh.analyzer.path_summaries_total
 pub const METRIC_SLA_VIOLATIONS: &str = "rpingmesh.analyzer.sla_violations_total";
 pub const METRIC_FINDINGS_OPEN: &str = "rpingmesh.analyzer.findings_open";
 pub const METRIC_AFFECTED_SERVICES: &str = "rpingmesh.analyzer.affected_services";
+pub const METRIC_FINDINGS_SUPPRESSED: &str = "rpingmesh.analyzer.findings_suppressed";
 pub const METRIC_RNICS: &str = "rpingmesh.controller.rnics";
 pub const METRIC_SERVICE_PATHS: &str = "rpingmesh.controller.service_paths";
 pub const METRIC_HOST_FINDINGS: &str = "rpingmesh.hostping.host_findings";
@@ -181,6 +182,22 @@ impl Telemetry {
                 }
                 for (kind, n) in st.open_findings_by_kind() {
                     o.observe(n as u64, &[KeyValue::new("kind", kind)]);
+                }
+            })
+            .build();
+        let st = Arc::downgrade(state);
+        meter
+            .u64_observable_gauge(METRIC_FINDINGS_SUPPRESSED)
+            .with_description(
+                "Open localized findings an operator's action keeps from alerting, by kind (rnic|host|tor|link) and reason (silenced|maintenance); not in findings_open",
+            )
+            .with_callback(move |o| {
+                let Some(st) = st.upgrade() else { return };
+                for ((kind, reason), n) in st.open_by_kind_and_suppression().1 {
+                    o.observe(
+                        n as u64,
+                        &[KeyValue::new("kind", kind), KeyValue::new("reason", reason)],
+                    );
                 }
             })
             .build();

@@ -425,6 +425,45 @@ async fn the_leader_dies_and_the_other_replica_continues_its_findings() {
     assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e}");
     assert!(e.message().contains(&a.addr.to_string()), "{e}");
 
+    // An operator silences the finding and drains lh0 at A: B, a follower, applies the
+    // drain to the pinglists it serves within its refresh.
+    let mut opa = operator(&a.endpoint()).await.unwrap();
+    opa.silence(rpingmesh_proto::operator::SilenceRequest {
+        finding_id: opened.id,
+        duration_sec: 600,
+        reason: "known".into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    opa.drain(rpingmesh_proto::operator::DrainRequest {
+        host: "lh0".into(),
+        reason: "maintenance".into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let lh0 = gid_of(host_ip(0));
+    let drained_at_b = wait_for(Duration::from_secs(10), Duration::from_millis(200), || {
+        let (mut cb, lh0) = (cb.clone(), lh0.clone());
+        async move {
+            let t = cb
+                .get_pinglist(rpingmesh_proto::controller_agent::PinglistRequest {
+                    agent_id: "lh1".into(),
+                    tor_id: "tor-x".into(),
+                    requester_gid: gid_of(host_ip(1)),
+                    r#type: rpingmesh_proto::controller_agent::PinglistType::TorMesh as i32,
+                })
+                .await
+                .ok()?
+                .into_inner()
+                .targets;
+            (!t.is_empty() && t.iter().all(|t| t.target_gid != lh0)).then_some(())
+        }
+    })
+    .await;
+    assert!(drained_at_b.is_some(), "B still lists the drained lh0");
+
     // 2. A dies: B leads within one lease TTL and takes the finding over.
     a.proc.signal(libc::SIGKILL);
     let killed = Instant::now();
@@ -458,6 +497,15 @@ async fn the_leader_dies_and_the_other_replica_continues_its_findings() {
         mine[0].last_seen_unix_ns > opened.last_seen_unix_ns,
         "not updated at B: {mine:?}"
     );
+    // The operator's actions hold at the new leader.
+    assert_eq!(mine[0].suppressed, "silenced", "{mine:?}");
+    let acts = opb
+        .list_actions(rpingmesh_proto::operator::ListActionsRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .actions;
+    assert_eq!(acts.len(), 2, "{acts:?}");
 
     // 3. The fault ends: B resolves the same finding.
     broken.store(false, std::sync::atomic::Ordering::SeqCst);

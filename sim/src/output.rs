@@ -149,6 +149,8 @@ mod tests {
                 score: 0.0,
             }),
             impact: Vec::new(),
+            suppressed: String::new(),
+            suppressed_by: 0,
         };
         let mut r = FindingRecord::from_finding(&f, base);
         let j = r.to_json();

@@ -418,6 +418,8 @@ impl Localizer {
                             open: true,
                             evidence: Some(ev),
                             impact: Vec::new(),
+                            suppressed: String::new(),
+                            suppressed_by: 0,
                         };
                         events.push(event("opened", &f));
                         self.open.insert(id, f);

@@ -9,7 +9,8 @@
 //! - `service/<agent_id>`: the agent's current service flows as one full-sync
 //!   ServiceFlowReport (protobuf), under the agent's lease; every replica watches them
 //!   into its service-path table;
-//! - `audit/<time>-<writer>-<seq>`: the audit trail, every replica's lines (`audit.rs`).
+//! - `audit/<time>-<writer>-<seq>`: the audit trail, every replica's lines (`audit.rs`);
+//! - `actions/<id, 20 digits>`: operators' drains and silences (protobuf, `actions.rs`).
 //!
 //! The in-memory [`RegistryIndex`] is fed by a watch of `agents/` alone (this replica's
 //! writes and every other replica's arrive the same way); a write returns only after the
@@ -36,6 +37,7 @@ use super::{
     AgentRecord, Registry, RegistryError, RegistryIndex, RnicRecord, RESOLVED_FINDINGS_KEPT,
 };
 
+mod actions;
 mod audit;
 
 const AGENTS: &str = "/rpingmesh/agents/";
@@ -889,5 +891,17 @@ impl Registry for EtcdRegistry {
 
     fn recent_audit(&self, limit: usize) -> Result<Vec<String>, RegistryError> {
         self.recent_audit_lines(limit)
+    }
+
+    fn save_action(&mut self, a: &rpingmesh_proto::operator::Action) -> Result<(), RegistryError> {
+        self.put_action(a)
+    }
+
+    fn delete_action(&mut self, id: u64) -> Result<(), RegistryError> {
+        self.remove_action(id)
+    }
+
+    fn load_actions(&self) -> Result<Vec<rpingmesh_proto::operator::Action>, RegistryError> {
+        self.load_messages(actions::ACTIONS, "stored action skipped")
     }
 }

@@ -9,7 +9,7 @@ mod sqlite;
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 
 use rpingmesh_proto::controller_agent::ServiceFlowReport;
-use rpingmesh_proto::operator::{Finding, HostHealth};
+use rpingmesh_proto::operator::{Action, Finding, HostHealth};
 
 pub use etcd::{etcd_urls, EtcdRegistry, ELECTION as ETCD_ELECTION};
 pub use index::RegistryIndex;
@@ -113,6 +113,12 @@ pub trait Registry: Send {
     fn append_audit(&mut self, lines: &[String]) -> Result<(), RegistryError>;
     /// The newest `limit` lines of the audit trail (every replica's), newest first.
     fn recent_audit(&self, limit: usize) -> Result<Vec<String>, RegistryError>;
+    /// Stores an operator's drain or silence (replacing one of the same id).
+    fn save_action(&mut self, a: &Action) -> Result<(), RegistryError>;
+    /// Forgets action `id` (ended or expired).
+    fn delete_action(&mut self, id: u64) -> Result<(), RegistryError>;
+    /// Every stored action (unreadable ones logged and skipped).
+    fn load_actions(&self) -> Result<Vec<Action>, RegistryError>;
 }
 
 /// Opens the store selected by `database_uri`; agent entries in etcd live
@@ -304,6 +310,27 @@ impl IndexedRegistry {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .recent_audit(limit)
+    }
+
+    pub fn save_action(&self, a: &Action) -> Result<(), RegistryError> {
+        self.store
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .save_action(a)
+    }
+
+    pub fn delete_action(&self, id: u64) -> Result<(), RegistryError> {
+        self.store
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .delete_action(id)
+    }
+
+    pub fn load_actions(&self) -> Result<Vec<Action>, RegistryError> {
+        self.store
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .load_actions()
     }
 
     /// Store-level RNIC listing (for consistency checks and tools).

@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use prost::Message;
-use rpingmesh_proto::operator::{Finding, HostHealth};
+use rpingmesh_proto::operator::{Action, Finding, HostHealth};
 use rusqlite::{params, Connection, OptionalExtension, Row};
 
 use super::{AgentRecord, Registry, RegistryError, RnicRecord, RESOLVED_FINDINGS_KEPT};
@@ -54,6 +54,11 @@ CREATE TABLE IF NOT EXISTS host_health (
 CREATE TABLE IF NOT EXISTS analyzer_state (
     key TEXT PRIMARY KEY,
     value BLOB NOT NULL
+);
+-- Operators' drains and silences in force (`body`: prost-encoded operator.v1.Action).
+CREATE TABLE IF NOT EXISTS actions (
+    id INTEGER PRIMARY KEY,
+    body BLOB NOT NULL
 );
 -- The audit trail: one JSON line per audited call, in the order written.
 CREATE TABLE IF NOT EXISTS audit (
@@ -395,6 +400,38 @@ impl Registry for SqliteRegistry {
         Ok(())
     }
 
+    fn save_action(&mut self, a: &Action) -> Result<(), RegistryError> {
+        self.conn
+            .prepare_cached("INSERT OR REPLACE INTO actions (id, body) VALUES (?1, ?2)")?
+            .execute(params![epoch(a.id), a.encode_to_vec()])?;
+        Ok(())
+    }
+
+    fn delete_action(&mut self, id: u64) -> Result<(), RegistryError> {
+        self.conn
+            .prepare_cached("DELETE FROM actions WHERE id = ?1")?
+            .execute(params![epoch(id)])?;
+        Ok(())
+    }
+
+    fn load_actions(&self) -> Result<Vec<Action>, RegistryError> {
+        let mut st = self
+            .conn
+            .prepare_cached("SELECT id, body FROM actions ORDER BY id")?;
+        let rows = st.query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, Vec<u8>>(1)?)))?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (id, body) = row?;
+            match Action::decode(body.as_slice()) {
+                Ok(a) => out.push(a),
+                Err(e) => {
+                    tracing::error!(id, error = %e, "stored action skipped: its body cannot be decoded")
+                }
+            }
+        }
+        Ok(out)
+    }
+
     fn recent_audit(&self, limit: usize) -> Result<Vec<String>, RegistryError> {
         let mut st = self
             .conn
@@ -470,6 +507,8 @@ mod tests {
                 score: 0.0,
             }),
             impact: Vec::new(),
+            suppressed: String::new(),
+            suppressed_by: 0,
         }
     }
 

@@ -326,6 +326,9 @@ impl ControllerService for ControllerSvc {
                 out
             }
         };
+        let mut targets = targets;
+        // A drained RNIC neither probes nor is probed.
+        st.drop_drained(&idx, &exclude, &mut targets);
         let owner = match &requester {
             Some(g) => idx.rnic(g).map(|r| r.agent_id.clone()),
             None => Some(req.agent_id.clone()),

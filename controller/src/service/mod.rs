@@ -53,6 +53,8 @@ use crate::registry::{
 use crate::service_paths::{ServicePathFilter, ServicePathParams, ServicePathTable, OTHER_SERVICE};
 use crate::telemetry::AnalyzerMetrics;
 
+mod action_rpc;
+mod actions;
 mod agent_rpc;
 mod operator_rpc;
 
@@ -259,6 +261,9 @@ pub struct ControllerState {
     /// Roles on the operator surfaces (`crate::auth::operator`).
     pub operator_auth: OperatorAuth,
     pub audit: AuditLog,
+    /// Operators' drains and silences, as the store last had them (`actions.rs`). Lock
+    /// order: after the index and the analyzer.
+    actions: std::sync::RwLock<crate::actions::Actions>,
     /// Calls refused by the identity rules (also a metric by RPC and reason).
     pub auth_denied: AtomicU64,
     /// Registrations per caller per minute (`max_registrations_per_minute`).
@@ -341,6 +346,12 @@ impl ControllerState {
             .into_iter()
             .map(|h| (h.hostname.clone(), h))
             .collect();
+        let mut actions = crate::actions::Actions::default();
+        actions.load(
+            registry
+                .load_actions()
+                .context("loading the stored drains and silences")?,
+        );
         let now = clock() / 1_000_000_000;
         let n = registry
             .excuse(u64::MAX, now)
@@ -373,6 +384,7 @@ impl ControllerState {
                 OperatorAuth::new(on, &cfg.operator_tokens_file, roles, cfg.agent_auth()?.from)?
             },
             audit: AuditLog::open(&cfg.audit_log_file)?,
+            actions: std::sync::RwLock::new(actions),
             auth_denied: AtomicU64::new(0),
             registrations: Mutex::new(RateLimiter::new(
                 cfg.max_registrations_per_minute,
@@ -633,6 +645,7 @@ impl ControllerState {
             if let Some(paths) = &services {
                 attach_impact(a, idx, paths, &mut events);
             }
+            self.annotate_events(idx, &mut events);
             events
         });
         self.save_baseline();
@@ -916,13 +929,17 @@ impl ControllerState {
                 let mut l = Localizer::new(*a.localizer().params(), None);
                 drop(a);
                 l.restore(self.registry.load_findings().map_err(store_err)?);
-                return Ok(l.list(resolved_limit, kind));
+                let mut list = l.list(resolved_limit, kind);
+                self.annotate(&mut list);
+                return Ok(list);
             }
         }
-        Ok(self
+        let mut list = self
             .analyzer()
             .map(|a| a.localizer().list(resolved_limit, kind))
-            .unwrap_or_default())
+            .unwrap_or_default();
+        self.annotate(&mut list);
+        Ok(list)
     }
 
     /// Subscribes to finding changes and takes the snapshot under the analyzer lock, so
@@ -949,7 +966,10 @@ impl ControllerState {
         match self.analyzer() {
             Some(a) => {
                 let rx = self.findings_tx.subscribe();
-                Ok((a.localizer().list(WATCH_SNAPSHOT_RESOLVED, kind), rx))
+                let mut list = a.localizer().list(WATCH_SNAPSHOT_RESOLVED, kind);
+                drop(a);
+                self.annotate(&mut list);
+                Ok((list, rx))
             }
             None => Ok((Vec::new(), self.findings_tx.subscribe())),
         }
@@ -966,12 +986,10 @@ impl ControllerState {
         self.stopping.send_replace(true);
     }
 
-    /// Open component findings per kind (every kind, 0 when none); empty without the
-    /// analyzer.
+    /// Open component findings per kind that alert (every kind, 0 when none; silenced and
+    /// in-maintenance ones are counted apart); empty without the analyzer.
     pub fn open_findings_by_kind(&self) -> BTreeMap<&'static str, usize> {
-        self.analyzer()
-            .map(|a| a.localizer().open_by_kind())
-            .unwrap_or_default()
+        self.open_by_kind_and_suppression().0
     }
 
     /// Per kind of open component finding (every kind, 0 when none), the workloads

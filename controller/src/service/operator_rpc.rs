@@ -6,8 +6,9 @@ use super::*;
 use crate::audit::AuditRecord;
 use crate::auth::{require, OperatorCaller, Role};
 use rpingmesh_proto::operator::{
-    AuditEntry as AuditEntryMsg, DeleteAgentRequest, DeleteAgentResponse, ListAuditRequest,
-    ListAuditResponse,
+    Action, AuditEntry as AuditEntryMsg, DeleteAgentRequest, DeleteAgentResponse, DrainRequest,
+    EndActionRequest, ListActionsRequest, ListActionsResponse, ListAuditRequest, ListAuditResponse,
+    SilenceRequest,
 };
 
 /// ListAudit's entries when the request says none, and at most.
@@ -15,7 +16,7 @@ const AUDIT_DEFAULT_LIMIT: usize = 100;
 const AUDIT_MAX_LIMIT: usize = 10_000;
 
 /// The caller the interceptor authenticated (everyone acts when no interceptor ran).
-fn operator_caller<T>(req: &Request<T>) -> OperatorCaller {
+pub(super) fn operator_caller<T>(req: &Request<T>) -> OperatorCaller {
     req.extensions()
         .get::<OperatorCaller>()
         .cloned()
@@ -24,7 +25,7 @@ fn operator_caller<T>(req: &Request<T>) -> OperatorCaller {
 
 impl OperatorSvc {
     /// `caller` may act, or PERMISSION_DENIED (counted, logged, audited).
-    fn require_operator(
+    pub(super) fn require_operator(
         &self,
         caller: &OperatorCaller,
         rpc: &'static str,
@@ -117,6 +118,30 @@ impl OperatorService for OperatorSvc {
             })
             .collect();
         Ok(Response::new(ListAuditResponse { entries }))
+    }
+
+    async fn drain(&self, request: Request<DrainRequest>) -> Result<Response<Action>, Status> {
+        self.drain_rpc(request).await
+    }
+
+    async fn silence(&self, request: Request<SilenceRequest>) -> Result<Response<Action>, Status> {
+        self.silence_rpc(request).await
+    }
+
+    async fn end_action(
+        &self,
+        request: Request<EndActionRequest>,
+    ) -> Result<Response<Action>, Status> {
+        self.end_action_rpc(request).await
+    }
+
+    async fn list_actions(
+        &self,
+        _request: Request<ListActionsRequest>,
+    ) -> Result<Response<ListActionsResponse>, Status> {
+        Ok(Response::new(ListActionsResponse {
+            actions: self.0.actions_in_force(),
+        }))
     }
 
     type WatchFindingsStream =

@@ -296,10 +296,11 @@ async fn findings(State(st): St, Query(q): Query<HashMap<String, String>>) -> Re
 
 async fn localized(State(st): St, Query(q): Query<HashMap<String, String>>) -> Response {
     let num = |k: &str, d: usize| q.get(k).and_then(|v| v.parse::<usize>().ok()).unwrap_or(d);
-    let list = st
+    let mut list = st
         .analyzer()
         .map(|a| a.localizer().list(num("resolved_limit", 100), ""))
         .unwrap_or_default();
+    st.annotate(&mut list);
     no_store(views::localized(
         &list,
         num("limit", DEFAULT_LIMIT).clamp(1, MAX_LIMIT),

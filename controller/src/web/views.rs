@@ -329,6 +329,7 @@ pub fn localized(list: &[rpingmesh_proto::operator::Finding], limit: usize) -> V
                 "flow_labels": ev.flow_labels,
                 "paths_total": ev.paths_total,
                 "severity": f.severity,
+                "suppressed": f.suppressed,
                 "impact": f.impact.iter().map(impact).collect::<Vec<_>>(),
             })
         })
