@@ -57,11 +57,15 @@ pub fn to_proto(
         flow_labels: w
             .labels
             .iter()
-            .take(if w.label_detail_needed() {
-                usize::MAX
-            } else {
-                0
-            })
+            // FOCUS targets are few and asked for by the controller (a suspect's labels,
+            // an operator's trace): their labels always come back.
+            .take(
+                if w.label_detail_needed() || key.kind == PinglistKind::Focus {
+                    usize::MAX
+                } else {
+                    0
+                },
+            )
             .map(|l| FlowLabelStats {
                 flow_label: l.flow_label,
                 probe_total: l.probe_total,

@@ -24,6 +24,7 @@ mod format;
 mod hosts;
 mod job;
 mod service_paths;
+mod trace;
 mod watch;
 
 use std::path::PathBuf;
@@ -244,6 +245,10 @@ enum Cmd {
     EndAction { id: u64 },
     /// The drains and silences in force.
     Actions,
+    /// Action (role operator): an ECMP trace on demand: SRC's agent probes DST across a
+    /// range of flow labels now; prints each label's loss and RTT and the spine the
+    /// topology sends it over (waits for the results).
+    Trace(trace::TraceArgs),
     /// The audit trail, newest first: registrations that changed the registry, operator
     /// actions, refused calls (with etcd, every replica's).
     Audit {
@@ -567,6 +572,7 @@ async fn query(
         Cmd::Silence(a) => actions::silence(op, target, a, json).await?,
         Cmd::EndAction { id } => actions::end(op, target, *id, json).await?,
         Cmd::Actions => actions::list(op, target, json).await?,
+        Cmd::Trace(a) => trace::trace(op, target, a, json).await?,
         Cmd::ServicePaths {
             service,
             gid,

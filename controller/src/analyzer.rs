@@ -151,6 +151,8 @@ pub struct Analyzer {
     /// Windows starting at or before this were localized (late reports are kept as path
     /// windows but move no component finding).
     localized_through: Option<u64>,
+    /// The length of the newest window ingested (0: none yet).
+    window_ns: u64,
 }
 
 impl Default for FindingBook {
@@ -205,7 +207,14 @@ impl Analyzer {
             localizer: Localizer::new(params.localizer, topology),
             unlocalized: BTreeMap::new(),
             localized_through: None,
+            window_ns: 0,
         }
+    }
+
+    /// The length (ns) of the newest window ingested (0: none yet): the agents'
+    /// `analysis_window_sec`.
+    pub fn window_ns(&self) -> u64 {
+        self.window_ns
     }
 
     /// Windows starting at or before this were localized.
@@ -349,6 +358,7 @@ impl Analyzer {
                     .is_none_or(|t| s.window_start_unix_ns > t)
             {
                 let window_ns = (s.window_duration_ms.max(1) as u64) * 1_000_000;
+                self.window_ns = window_ns;
                 self.unlocalized
                     .entry(s.window_start_unix_ns)
                     .or_insert(window_ns);
@@ -517,6 +527,19 @@ impl Analyzer {
             .windows
             .back()
             .map(|w| &w.summary)
+    }
+
+    /// The retained FOCUS windows of (source GID, target GID), oldest first (what an
+    /// on-demand trace reads).
+    pub fn focus_windows(&self, source_gid: &str, target_gid: &str) -> Vec<&PathSummary> {
+        let (Some(&src), Some(&dst)) = (self.gid_ids.get(source_gid), self.gid_ids.get(target_gid))
+        else {
+            return Vec::new();
+        };
+        self.paths
+            .get(&(src, dst, FOCUS_PATH_KIND))
+            .map(|p| p.windows.iter().map(|w| &w.summary).collect())
+            .unwrap_or_default()
     }
 
     /// Per (source ToR, target ToR) aggregation over the latest window of each ToR-mesh

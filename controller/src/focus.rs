@@ -47,6 +47,11 @@ pub struct FocusPlanner {
     params: FocusParams,
     /// Focused components and the windows each has left.
     held: BTreeMap<Component, u32>,
+    /// The suspects' targets, by source GID.
+    planned: HashMap<String, Vec<PingTarget>>,
+    /// Operators' on-demand traces (`crate::trace`): (source GID, target) by trace id.
+    traces: BTreeMap<u64, (String, PingTarget)>,
+    /// `planned` and the traces: what agents get.
     lists: HashMap<String, Vec<PingTarget>>,
     generation: u64,
 }
@@ -71,6 +76,8 @@ impl FocusPlanner {
         FocusPlanner {
             params,
             held: BTreeMap::new(),
+            planned: HashMap::new(),
+            traces: BTreeMap::new(),
             lists: HashMap::new(),
             generation: 0,
         }
@@ -138,6 +145,32 @@ impl FocusPlanner {
                     l.push(t);
                 }
             }
+        }
+        self.planned = lists;
+        self.rebuild()
+    }
+
+    /// Adds an on-demand trace's target (probed by `src`); returns whether the lists
+    /// changed.
+    pub fn start_trace(&mut self, id: u64, src: String, t: PingTarget) -> bool {
+        self.traces.insert(id, (src, t));
+        self.rebuild()
+    }
+
+    /// Drops trace `id`'s target; returns whether the lists changed.
+    pub fn end_trace(&mut self, id: u64) -> bool {
+        self.traces.remove(&id).is_some() && self.rebuild()
+    }
+
+    /// The lists from the suspects' targets and the traces'; a new generation when they
+    /// changed.
+    fn rebuild(&mut self) -> bool {
+        let mut lists = self.planned.clone();
+        for (src, t) in self.traces.values() {
+            let l = lists.entry(src.clone()).or_default();
+            // A trace replaces a suspect's target to the same RNIC: its labels are asked for.
+            l.retain(|x| x.target_gid != t.target_gid);
+            l.push(t.clone());
         }
         let changed = lists != self.lists;
         if changed {

@@ -26,6 +26,7 @@ pub mod service;
 pub mod service_paths;
 pub mod telemetry;
 pub mod topology;
+pub mod trace;
 pub mod web;
 
 pub use config::{CliArgs, ControllerConfig};

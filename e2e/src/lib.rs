@@ -374,17 +374,22 @@ pub struct AgentArgs {
     pub agent_id: String,
     pub tor_id: String,
     pub controller_addr: String,
-    pub udp_addresses: Vec<Ipv4Addr>,
+    pub udp_addresses: Vec<std::net::IpAddr>,
     pub extra: Vec<String>,
 }
 
 impl AgentArgs {
-    pub fn new(agent_id: &str, tor_id: &str, controller_addr: &str, ip: Ipv4Addr) -> Self {
+    pub fn new(
+        agent_id: &str,
+        tor_id: &str,
+        controller_addr: &str,
+        ip: impl Into<std::net::IpAddr>,
+    ) -> Self {
         AgentArgs {
             agent_id: agent_id.into(),
             tor_id: tor_id.into(),
             controller_addr: controller_addr.into(),
-            udp_addresses: vec![ip],
+            udp_addresses: vec![ip.into()],
             extra: Vec::new(),
         }
     }

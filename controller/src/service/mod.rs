@@ -57,6 +57,7 @@ mod action_rpc;
 mod actions;
 mod agent_rpc;
 mod operator_rpc;
+mod trace_rpc;
 
 /// The client TLS replicas forward with: none without TLS; the CA (`tls_ca_file`) under
 /// tls and mtls, and under mtls this replica's own certificate as its identity (so the
@@ -249,6 +250,12 @@ pub struct ControllerState {
     focus: Mutex<FocusPlanner>,
     /// Baseline windows when the FOCUS lists were last planned.
     focus_windows: AtomicU64,
+    /// Operators' on-demand ECMP traces (`trace_rpc.rs`). Lock order: after the analyzer,
+    /// never with `focus`.
+    traces: Mutex<crate::trace::Traces>,
+    /// The FOCUS generation, published when it moves (a trace started): agents holding
+    /// an await are answered at once.
+    focus_moved: watch::Sender<u64>,
     /// The start of the newest window localized (0: none yet), published after the
     /// FOCUS lists followed it: agents awaiting a window's localization wait on it.
     localized: watch::Sender<u64>,
@@ -376,6 +383,8 @@ impl ControllerState {
             focus: Mutex::new(FocusPlanner::new(cfg.focus_params())),
             focus_windows: AtomicU64::new(0),
             localized: watch::channel(0).0,
+            traces: Mutex::new(crate::trace::Traces::default()),
+            focus_moved: watch::channel(0).0,
             stopping: watch::channel(false).0,
             metrics,
             auth: cfg.agent_auth()?,
@@ -649,6 +658,7 @@ impl ControllerState {
             events
         });
         self.save_baseline();
+        self.advance_traces();
         if let Some(through) = self.analyzer().and_then(|a| a.localized_through()) {
             self.localized.send_if_modified(|v| {
                 let moved = *v != through;
@@ -684,8 +694,13 @@ impl ControllerState {
         let wait = Duration::from_nanos(deadline.saturating_sub(now)).min(AWAIT_MAX);
         let mut localized = self.localized.subscribe();
         let mut stopping = self.stopping.subscribe();
+        // A new FOCUS generation (an operator's trace) answers at once too: the agent
+        // fetches it, then awaits the window again.
+        let mut moved = self.focus_moved.subscribe();
+        moved.borrow_and_update();
         tokio::select! {
             _ = tokio::time::timeout(wait, localized.wait_for(|&s| s >= start)) => {}
+            _ = moved.changed() => {}
             _ = stopping.wait_for(|s| *s) => {}
         }
     }
@@ -715,6 +730,7 @@ impl ControllerState {
                 focused = ?f.focused().collect::<Vec<_>>(),
                 "FOCUS pinglists changed (adaptive probing)"
             );
+            self.focus_moved.send_replace(f.generation());
         }
     }
 

@@ -7,8 +7,8 @@ use crate::audit::AuditRecord;
 use crate::auth::{require, OperatorCaller, Role};
 use rpingmesh_proto::operator::{
     Action, AuditEntry as AuditEntryMsg, DeleteAgentRequest, DeleteAgentResponse, DrainRequest,
-    EndActionRequest, ListActionsRequest, ListActionsResponse, ListAuditRequest, ListAuditResponse,
-    SilenceRequest,
+    EndActionRequest, GetTraceRequest, ListActionsRequest, ListActionsResponse, ListAuditRequest,
+    ListAuditResponse, SilenceRequest, StartTraceRequest, Trace,
 };
 
 /// ListAudit's entries when the request says none, and at most.
@@ -142,6 +142,24 @@ impl OperatorService for OperatorSvc {
         Ok(Response::new(ListActionsResponse {
             actions: self.0.actions_in_force(),
         }))
+    }
+
+    async fn start_trace(
+        &self,
+        request: Request<StartTraceRequest>,
+    ) -> Result<Response<Trace>, Status> {
+        self.start_trace_rpc(request).await
+    }
+
+    async fn get_trace(
+        &self,
+        request: Request<GetTraceRequest>,
+    ) -> Result<Response<Trace>, Status> {
+        let id = request.into_inner().id;
+        self.0
+            .trace(id)
+            .map(Response::new)
+            .ok_or_else(|| Status::not_found(format!("GetTrace: no trace {id}")))
     }
 
     type WatchFindingsStream =
