@@ -427,6 +427,16 @@ fn check_service(scenario_name: &str, program: &str) {
     );
 
     if program == "rc_pingpong" {
+        // The pair runs as a step of a Slurm job (a Slurm-shaped cgroup in the guest): its
+        // paths are listed under that job, each QP with its step.
+        let job = format!("slurm/{}", u(&v["slurm_job"]));
+        for p in paths {
+            assert_eq!(p["service"], job.as_str(), "{p}");
+            assert_eq!(p["workload"]["kind"], "slurm_job", "{p}");
+            for q in p["qps"].as_array().unwrap() {
+                assert_eq!(q["workload_part"], "0", "the job's step: {p}");
+            }
+        }
         // ibv_rc_pingpong leaves the flow label 0: the NIC derives one per QP pair
         // (rdma_calc_flow_label), and the path (so the SERVICE probe) carries that one.
         for p in paths {

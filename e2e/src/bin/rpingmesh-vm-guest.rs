@@ -207,8 +207,10 @@ fn summary_json(s: &PathSummary) -> Value {
 }
 
 fn service_path_json(p: &ServicePath) -> Value {
+    let w = p.workload.clone().unwrap_or_default();
     json!({
         "service": p.service,
+        "workload": {"kind": w.kind, "key": w.key, "id": w.id, "part": w.part, "cgroup_path": w.cgroup_path},
         "source_gid": p.source_gid, "source_agent_id": p.source_agent_id,
         "target_gid": p.target_gid, "monitored": p.monitored,
         "flow_label": p.flow_label, "traffic_class": p.traffic_class,
@@ -216,6 +218,7 @@ fn service_path_json(p: &ServicePath) -> Value {
         "qps": p.qps.iter().map(|q| json!({
             "local_qpn": q.local_qpn, "remote_qpn": q.remote_qpn, "pid": q.pid,
             "comm": q.comm, "first_seen_unix_ns": q.first_seen_unix_ns,
+            "workload_part": q.workload_part,
         })).collect::<Vec<_>>(),
         "latest": p.latest.as_ref().map(summary_json),
     })
@@ -807,17 +810,61 @@ impl ServiceRun<'_> {
     }
 }
 
+/// The Slurm job the guest's ibv_rc_pingpong pair runs in (kprobe and uprobe modes).
+const SLURM_JOB: u32 = 4343;
+
+/// A Slurm-shaped cgroup (job `job`, step 0, task 0) under the guest's unified hierarchy,
+/// mounted at /sys/fs/cgroup first when the guest has none: its directory.
+fn slurm_cgroup(job: u32) -> Result<PathBuf> {
+    let mounted = |mi: &str| {
+        mi.lines().find_map(|l| {
+            let (pre, post) = l.split_once(" - ")?;
+            post.starts_with("cgroup2 ")
+                .then(|| pre.split_whitespace().nth(4).map(PathBuf::from))?
+        })
+    };
+    let root = match mounted(&std::fs::read_to_string("/proc/self/mountinfo")?) {
+        Some(r) => r,
+        None => {
+            sh(&["mount", "-t", "cgroup2", "none", "/sys/fs/cgroup"])?;
+            PathBuf::from("/sys/fs/cgroup")
+        }
+    };
+    let dir = root.join(format!(
+        "rpm-vm/system.slice/slurmstepd.scope/job_{job}/step_0/user/task_0"
+    ));
+    std::fs::create_dir_all(&dir).with_context(|| format!("mkdir {}", dir.display()))?;
+    Ok(dir)
+}
+
 /// An `ibv_rc_pingpong` pair between the two service devices (server on the first),
-/// running until killed; its QPN exchange goes over TCP on loopback, its RC QPs between
-/// the two GIDs.
-fn rc_pingpong_pair(dir: &Path, tag: &str, port: u16, gid_idx: [u32; 2]) -> Result<(Proc, Proc)> {
+/// running until killed, each side started inside `cgroup` when given; its QPN exchange
+/// goes over TCP on loopback, its RC QPs between the two GIDs.
+fn rc_pingpong_pair(
+    dir: &Path,
+    tag: &str,
+    port: u16,
+    gid_idx: [u32; 2],
+    cgroup: Option<&Path>,
+) -> Result<(Proc, Proc)> {
     let (port_s, iters) = (port.to_string(), "100000000");
-    let server = Proc::spawn(
-        dir,
-        &format!("{tag}-server"),
-        None,
-        Path::new("ibv_rc_pingpong"),
-        &[
+    let spawn = |name: String, args: Vec<String>| match cgroup {
+        // The shell joins the cgroup, then becomes the program (same pid).
+        Some(cg) => {
+            let mut a = vec![
+                "-c".to_string(),
+                "echo $$ > \"$0/cgroup.procs\" && exec \"$@\"".to_string(),
+                cg.display().to_string(),
+                "ibv_rc_pingpong".to_string(),
+            ];
+            a.extend(args);
+            Proc::spawn(dir, &name, None, Path::new("sh"), &a)
+        }
+        None => Proc::spawn(dir, &name, None, Path::new("ibv_rc_pingpong"), &args),
+    };
+    let server = spawn(
+        format!("{tag}-server"),
+        [
             "-d",
             SVC_DEVICES[0],
             "-g",
@@ -827,15 +874,13 @@ fn rc_pingpong_pair(dir: &Path, tag: &str, port: u16, gid_idx: [u32; 2]) -> Resu
             "-n",
             iters,
         ]
-        .map(String::from),
+        .map(String::from)
+        .to_vec(),
     )?;
     wait_listening(port, Duration::from_secs(20))?;
-    let client = Proc::spawn(
-        dir,
-        &format!("{tag}-client"),
-        None,
-        Path::new("ibv_rc_pingpong"),
-        &[
+    let client = spawn(
+        format!("{tag}-client"),
+        [
             "-d",
             SVC_DEVICES[1],
             "-g",
@@ -846,7 +891,8 @@ fn rc_pingpong_pair(dir: &Path, tag: &str, port: u16, gid_idx: [u32; 2]) -> Resu
             iters,
             "127.0.0.1",
         ]
-        .map(String::from),
+        .map(String::from)
+        .to_vec(),
     )?;
     Ok((server, client))
 }
@@ -908,7 +954,7 @@ async fn service_tracing(dir: &Path, mode: &str) -> Result<Value> {
     let gid_idx = [svc_gid_index(0), svc_gid_index(1)];
     let gids = [v4_gid(SVC_IPS[0]), v4_gid(SVC_IPS[1])];
     // A service connected before any agent runs (an agent restarted under a running job).
-    let (mut pre_server, mut pre_client) = rc_pingpong_pair(dir, "pre", 18650, gid_idx)?;
+    let (mut pre_server, mut pre_client) = rc_pingpong_pair(dir, "pre", 18650, gid_idx, None)?;
     wait_for(
         Duration::from_secs(30),
         Duration::from_millis(100),
@@ -1009,10 +1055,13 @@ async fn service_tracing(dir: &Path, mode: &str) -> Result<Value> {
         v["preexisting"] = r;
     }
 
-    // 1. ibv_rc_pingpong between the two devices, killed with -9.
+    // 1. ibv_rc_pingpong between the two devices, as a step of a Slurm job (a
+    //    Slurm-shaped cgroup), killed with -9.
     {
         let started = unix_ns_now();
-        let (mut server, mut client) = rc_pingpong_pair(dir, "rc", 18600, gid_idx)?;
+        let cg = slurm_cgroup(SLURM_JOB)?;
+        v["slurm_job"] = json!(SLURM_JOB);
+        let (mut server, mut client) = rc_pingpong_pair(dir, "rc", 18600, gid_idx, Some(&cg))?;
         let run = ServiceRun {
             endpoint: &ep,
             comm: "ibv_rc_pingpong",
