@@ -1030,10 +1030,14 @@ pub fn target_checks(lines: &[Line]) -> Vec<Check> {
                     }
                 }
             }
-            "tracer_pipeline" => {
+            "tracer_pipeline" | "tracer_pipeline_with_workloads" => {
                 if let (Some(r), Some(t)) = (num(l, "median"), num(l, "target")) {
                     out.push((
-                        "QP events through the tracer pipeline, one core".into(),
+                        if bench == "tracer_pipeline" {
+                            "QP events through the tracer pipeline, one core".into()
+                        } else {
+                            "QP events through the tracer pipeline with each flow's workload resolved, one core".into()
+                        },
                         format!("{r:.0}/s"),
                         format!("> {t:.0}/s"),
                         r / t,
@@ -1053,6 +1057,20 @@ pub fn target_checks(lines: &[Line]) -> Vec<Check> {
             "hostping_inference" => {
                 let kind = text(l, "fault_kind");
                 accuracy_checks(&mut out, "hostping link inference", &kind, l, None);
+            }
+            "finding_impact" => {
+                if let (Some(r), Some(n)) = (num(l, "ratio_to_window"), num(l, "rnics")) {
+                    out.push((
+                        format!(
+                            "impact of 8 findings over {:.0} service paths per 30 s window, {n:.0} RNICs, one core",
+                            num(l, "service_paths").unwrap_or(0.0)
+                        ),
+                        format!("{:.4} of the window", r),
+                        "< 0.05".into(),
+                        r / 0.05,
+                        r < 0.05,
+                    ));
+                }
             }
             // Which jobs a finding says it hurts, over every fault kind at once.
             "localization_impact" | "gray_impact" if text(l, "fault_kind") == "all" => {

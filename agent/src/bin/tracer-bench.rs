@@ -3,7 +3,8 @@
 //!
 //! (a) events/s through the userspace pipeline (ring-buffer-shaped `QpEvent` bytes ->
 //!     decode -> `FlowTable` apply) on one core, against copying the same bytes into a
-//!     Vec, interleaved in the same run;
+//!     Vec, interleaved in the same run; and again with each new flow resolved to its
+//!     workload (64 Slurm jobs' cgroups, cached) and mapped to what the reporter sends;
 //! (b) per-call cost of a traced function: this binary exports `ibv_create_qp`,
 //!     `ibv_modify_qp` and `ibv_destroy_qp` with the libibverbs layouts, times
 //!     `ibv_modify_qp` (INIT->RTR with a GRH, the heaviest probe path) untraced, then with
@@ -24,8 +25,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rpingmesh_agent::rnic::{DriverParams, RnicDriver, StaticDriver, TargetOutcome};
+use rpingmesh_agent::service::{to_proto_flow, ServiceNames};
 use rpingmesh_agent::targets::{Pinglists, ProbeTarget};
 use rpingmesh_agent::telemetry::Metrics;
+use rpingmesh_agent::workload::{HostView, WorkloadResolver};
 use rpingmesh_protocol::prober::ProbeResult;
 use rpingmesh_protocol::PinglistKind;
 use rpingmesh_verbs::udp::UdpEndpoint;
@@ -72,6 +75,14 @@ fn generate() -> Vec<u8> {
             }
         };
         let qpn = |i: u32| 0x100 + (i % (lifecycles as u32 * 2));
+        // QPs of 64 jobs (cgroups).
+        let cg = 1000 + (k % 64) as u64;
+        let mut push = |kind: u8, qpn: u32, f: &dyn Fn(&mut QpEvent)| {
+            push(kind, qpn, &|e: &mut QpEvent| {
+                e.cgroup_id = cg;
+                f(e)
+            })
+        };
         push(KIND_CREATE, qpn(k), &|e| e.port = 1);
         if k >= 1 {
             push(KIND_MODIFY, qpn(k - 1), &|e| {
@@ -121,26 +132,71 @@ fn generate() -> Vec<u8> {
     out
 }
 
-/// Events/s of decode + apply, one thread, for about `dur`. Returns (rate, flow changes).
-fn pipeline(stream: &[u8], dur: Duration) -> (f64, u64) {
+/// A host of 64 Slurm jobs' cgroups (ids 1000..1064), in memory: what the agent's
+/// workload resolver reads, without the file system.
+struct JobsHost;
+
+impl HostView for JobsHost {
+    fn proc_cgroup(&self, _pid: u32) -> Option<String> {
+        None
+    }
+    fn cgroup_id(&self, path: &str) -> Option<u64> {
+        let n: u64 = path.split("job_").nth(1)?.split('/').next()?.parse().ok()?;
+        Some(1000 + n)
+    }
+    fn find_cgroup(&self, id: u64) -> Option<String> {
+        (1000..1064).contains(&id).then(|| {
+            format!(
+                "/system.slice/slurmstepd.scope/job_{}/step_0/user/task_0",
+                id - 1000
+            )
+        })
+    }
+    fn pod_names(&self, _uid: &str) -> Option<(String, String)> {
+        None
+    }
+    fn slurm_job_name(&self, id: &str) -> Option<String> {
+        Some(format!("job-{id}"))
+    }
+    fn alive(&self, _pid: u32) -> bool {
+        true
+    }
+}
+
+/// Events/s of decode + apply, one thread, for about `dur`; with `workloads`, each new
+/// flow is also resolved to its workload and mapped to what the reporter sends (the
+/// agent's per-flow cost of naming jobs). Returns (rate, flow changes).
+fn pipeline(stream: &[u8], dur: Duration, workloads: bool) -> (f64, u64) {
     let local = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 9];
     let resolver = move |_: &str, _: u8, _: u8| Some(local);
     let filter = |_: u32, _: &str, _: u32| false;
+    let names = ServiceNames::default();
+    let mut jobs = WorkloadResolver::new(JobsHost);
     let mut out: Vec<FlowChange> = Vec::with_capacity(1024);
     let mut events = 0u64;
     let mut changes = 0u64;
+    let mut drain = |out: &mut Vec<FlowChange>, changes: &mut u64| {
+        *changes += out.len() as u64;
+        if workloads {
+            for c in out.iter() {
+                if let FlowChange::Upsert(f) = c {
+                    let w = jobs.resolve(f.pid, f.cgroup_id, &f.comm);
+                    black_box(to_proto_flow(f, &names, 0, &w));
+                }
+            }
+        }
+        out.clear();
+    };
     let start = Instant::now();
     while start.elapsed() < dur {
         let mut table = FlowTable::new(FlowTableConfig::default());
         for rec in stream.chunks_exact(QP_EVENT_SIZE) {
             table.apply_bytes(rec, &resolver, &filter, &mut out);
             if out.len() >= 1024 {
-                changes += out.len() as u64;
-                out.clear();
+                drain(&mut out, &mut changes);
             }
         }
-        changes += out.len() as u64;
-        out.clear();
+        drain(&mut out, &mut changes);
         events += (stream.len() / QP_EVENT_SIZE) as u64;
         black_box(&table);
     }
@@ -650,13 +706,15 @@ fn main() {
         let stream = generate();
         let mut base = Vec::new();
         let mut ours = Vec::new();
+        let mut named = Vec::new();
         let mut changes = 0;
-        // Interleaved so that machine noise hits both alike.
+        // Interleaved so that machine noise hits all alike.
         for _ in 0..runs {
             base.push(copy_baseline(&stream, dur));
-            let (r, c) = pipeline(&stream, dur);
+            let (r, c) = pipeline(&stream, dur, false);
             ours.push(r);
             changes += c;
+            named.push(pipeline(&stream, dur, true).0);
         }
         let (b, a) = (median(base.clone()), median(ours.clone()));
         println!(
@@ -671,6 +729,13 @@ fn main() {
         println!(
             "{}",
             json!({"bench": "tracer_pipeline_vs_copy", "ratio": if b > 0.0 { a / b } else { 0.0 }})
+        );
+        let w = median(named.clone());
+        println!(
+            "{}",
+            json!({"bench": "tracer_pipeline_with_workloads", "unit": "events/s", "median": w,
+                   "runs": named.len(), "jobs": 64, "target": 1_000_000,
+                   "ratio_to_pipeline": if a > 0.0 { w / a } else { 0.0 }})
         );
     }
     if part("uprobe") {

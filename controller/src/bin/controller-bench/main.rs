@@ -48,8 +48,10 @@ use rpingmesh_proto::operator::ListViolationsRequest;
 use serde_json::json;
 
 mod identity;
+mod impact;
 mod localize;
 use identity::bench_identity;
+use impact::bench_impact;
 use localize::{bench_localize, LOCALIZE_WINDOWS};
 
 /// Small deterministic PRNG for choosing requesters (no shared RNG state to contend).
@@ -618,16 +620,24 @@ fn main() {
     let web_only = std::env::args().any(|a| a == "--web-only");
     let localize_only = std::env::args().any(|a| a == "--localize-only");
     let identity_only = std::env::args().any(|a| a == "--identity-only");
+    let impact_only = std::env::args().any(|a| a == "--impact-only");
     if let Some(bad) = std::env::args().skip(1).find(|a| {
         !matches!(
             a.as_str(),
-            "--quick" | "--web-only" | "--localize-only" | "--identity-only"
+            "--quick" | "--web-only" | "--localize-only" | "--identity-only" | "--impact-only"
         )
     }) {
         eprintln!(
-            "controller-bench: unknown argument {bad:?} (--quick, --web-only, --localize-only, --identity-only)"
+            "controller-bench: unknown argument {bad:?} (--quick, --web-only, --localize-only, --identity-only, --impact-only)"
         );
         std::process::exit(2);
+    }
+    if impact_only {
+        match quick {
+            true => bench_impact(2_000, 200, 3),
+            false => bench_impact(100_000, 10_000, 5),
+        }
+        return;
     }
     if localize_only {
         bench_localize(
@@ -662,10 +672,12 @@ fn main() {
         bench_localize(2_000, 2);
         bench_ingest(1_000, 10, 3);
         bench_service_flows(200, 256, 3);
+        bench_impact(2_000, 200, 3);
     } else {
         bench_localize(100_000, LOCALIZE_WINDOWS);
         bench_ingest(5_000, 40, 3);
         bench_service_flows(2_000, 1_024, 3);
+        bench_impact(100_000, 10_000, 5);
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
