@@ -110,8 +110,11 @@ async fn run(cfg: AgentConfig) -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    // The Go agent's self_throttle gauge exists from start (1.0: unthrottled), so a
+    // scrape of a healthy agent has the series a dashboard reads; the watchdog moves it.
+    let gauge = telemetry.self_throttle_gauge();
+    gauge.record(1.0, &[]);
     let watchdog = running.rate_multiplier.clone().map(|m| {
-        let gauge = telemetry.self_throttle_gauge();
         let cfg = cfg.clone();
         tokio::spawn(async move { watchdog_sampler::run_watchdog(&cfg, m, gauge).await })
     });

@@ -391,8 +391,8 @@ impl Telemetry {
         &self.provider
     }
 
-    /// rpingmesh.agent.self_throttle (attribute-free). Built only on demand: the gauge
-    /// exists only when self_protection_enabled.
+    /// rpingmesh.agent.self_throttle (attribute-free). The agent builds it at start and
+    /// records 1.0 (unthrottled) until the watchdog, when enabled, moves it.
     pub fn self_throttle_gauge(&self) -> Gauge<f64> {
         self.provider
             .meter(SERVICE_NAME)

@@ -124,8 +124,12 @@ fn body_attr(dom: &str, name: &str) -> Option<u64> {
 
 /// What the page wrote to the console (Chromium logs every console message, errors and
 /// failed loads included, as `:CONSOLE:` lines; the page itself logs nothing).
+/// Console messages of the page: Chromium's own pages (`source: chrome://...`, e.g. its
+/// "Slow network is detected" note on a loaded machine) are not the page's.
 fn console_errors(log: &str) -> Vec<&str> {
-    log.lines().filter(|l| l.contains(":CONSOLE")).collect()
+    log.lines()
+        .filter(|l| l.contains(":CONSOLE") && !l.contains("source: chrome://"))
+        .collect()
 }
 
 fn assert_page_is_clean(p: &Page, when: &str) {

@@ -14,7 +14,7 @@ use opentelemetry_proto::tonic::collector::metrics::v1::{
     ExportMetricsServiceRequest, ExportMetricsServiceResponse,
 };
 use opentelemetry_proto::tonic::common::v1::{any_value, KeyValue};
-use opentelemetry_proto::tonic::metrics::v1::{metric, Metric};
+use opentelemetry_proto::tonic::metrics::v1::{metric, number_data_point, Metric};
 use rpingmesh_e2e::*;
 use rpingmesh_proto::controller_agent::{AgentRegistrationRequest, RnicInfo};
 use tonic::codec::CompressionEncoding;
@@ -28,6 +28,32 @@ const HISTOGRAMS: [&str; 3] = [
     "rpingmesh.prober_delay_ns",
     "rpingmesh.responder_delay_ns",
 ];
+/// Every metric the Go agent exports (its README's list).
+const GO_AGENT_METRICS: [&str; 7] = [
+    "rpingmesh.network_rtt_ns",
+    "rpingmesh.prober_delay_ns",
+    "rpingmesh.responder_delay_ns",
+    "rpingmesh.probe_success_total",
+    "rpingmesh.probe_failed_total",
+    "rpingmesh.probe_total",
+    "rpingmesh.agent.self_throttle",
+];
+
+/// `GET /metrics` of `addr` (plain text).
+fn scrape(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: text/plain\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
 const COUNTERS: [&str; 3] = [
     "rpingmesh.probe_success_total",
     "rpingmesh.probe_failed_total",
@@ -166,6 +192,16 @@ fn missing(seen: &[Seen]) -> Vec<String> {
     if !failed_with_reason {
         miss.push("rpingmesh.probe_failed_total > 0 with reason=timeout".into());
     }
+    // The Go agent's self-protection gauge exists from start: 1.0, attribute-free.
+    let throttle = agent("rpingmesh.agent.self_throttle").iter().any(|s| {
+        matches!(&s.metric.data, Some(metric::Data::Gauge(g)) if g.data_points.iter().any(|p| {
+            p.attributes.is_empty()
+                && matches!(p.value, Some(number_data_point::Value::AsDouble(v)) if v == 1.0)
+        }))
+    });
+    if !throttle {
+        miss.push("rpingmesh.agent.self_throttle = 1.0 (a gauge without attributes)".into());
+    }
     // Each agent's series carry its own service.instance.id, so two agents never collide.
     for host in ["host-a1", "host-a2"] {
         if !seen
@@ -271,7 +307,10 @@ async fn otlp_metrics_contract() {
             .flag("--analysis-window-sec", 2)
             .flag("--metrics-enabled", "true")
             .flag("--otel-collector-addr", &otel)
-            .flag("--metrics-export-interval-ms", 1000);
+            .flag("--metrics-export-interval-ms", 1000)
+            // Both exporters: the same names in the OTLP push and on /metrics.
+            .flag("--metrics-exporter", "both")
+            .flag("--prometheus-listen-addr", format!("{ip}:9466"));
         procs.push(spawn_agent(dir.path(), None, &args).expect("agent"));
     }
 
@@ -384,6 +423,21 @@ async fn otlp_metrics_contract() {
                     );
                 }
             }
+        }
+    }
+
+    // Every metric the Go agent exports, on a scrape of each agent's /metrics too.
+    for ip in ["127.0.4.1", "127.0.4.2"] {
+        let text = scrape(&format!("{ip}:9466"));
+        for name in GO_AGENT_METRICS {
+            let prom = name.replace('.', "_");
+            let found = text.lines().any(|l| {
+                !l.starts_with('#')
+                    && (l.starts_with(&format!("{prom}{{"))
+                        || l.starts_with(&format!("{prom} "))
+                        || l.starts_with(&format!("{prom}_bucket{{")))
+            });
+            assert!(found, "{ip}/metrics lacks {prom}:\n{text}");
         }
     }
 

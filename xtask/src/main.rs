@@ -8,6 +8,7 @@ mod package;
 mod procs;
 mod sim;
 mod soak;
+mod stages;
 mod vm;
 
 use std::path::{Path, PathBuf};
@@ -193,18 +194,6 @@ const NEEDED: &[Need] = &[
         why: "scraping /metrics and evaluating every Grafana panel's query in a test",
     },
     Need {
-        what: "protoc",
-        present: || have_tool("protoc"),
-        package: "protobuf-compiler",
-        why: "etcd-client's build script compiles etcd's .proto files",
-    },
-    Need {
-        what: "google/protobuf/descriptor.proto",
-        present: || Path::new("/usr/include/google/protobuf/descriptor.proto").is_file(),
-        package: "libprotobuf-dev",
-        why: "the well-known .proto files etcd's .proto files import",
-    },
-    Need {
         what: "etcd",
         present: || have_tool("etcd"),
         package: "etcd-server",
@@ -317,14 +306,24 @@ pub(crate) const TEST_FEATURES: &str =
     "rpingmesh-agent/rdma,rpingmesh-verbs/rdma,rdma-qp-churn/rdma";
 
 fn test() -> Result<()> {
-    deps()?;
+    let mut stages = stages::Stages::default();
+    let r = test_stages(&mut stages);
+    // The budget made visible, whatever happened (nothing fails on time).
+    eprintln!("{}", stages.table());
+    r
+}
+
+fn test_stages(stages: &mut stages::Stages) -> Result<()> {
+    stages.time("deps (apt)", deps)?;
     // The VM tier runs inside `cargo test --workspace` (e2e/tests/vm_rdma.rs).
-    vm::ensure_test_bed()?;
+    stages.time("VM test bed (qemu, kernel, virtme-ng)", vm::ensure_test_bed)?;
     // Before the workspace build: service-tracer embeds the object it finds at build time.
-    build_ebpf::build_ebpf(&root())?;
-    build_for_tests()?;
+    stages.time("eBPF object (nightly, bpf-linker)", || {
+        build_ebpf::build_ebpf(&root()).map(drop)
+    })?;
+    stages.time("build: every target, test features", build_for_tests)?;
     // The package install test (e2e/tests/package.rs) installs these.
-    package::build(None)?;
+    stages.time("build: release packages", || package::build(None))?;
     let mut t = cargo();
     t.args([
         "test",
@@ -336,16 +335,9 @@ fn test() -> Result<()> {
     // e2e tests find the binaries next to their own executable (target/debug).
     let what = format!("cargo test --workspace --features {TEST_FEATURES}");
     eprintln!("xtask: {what}");
-    t.stdout(std::process::Stdio::piped());
-    let mut child = t.spawn().with_context(|| format!("starting: {what}"))?;
-    let mut totals = TestTotals::default();
-    let stdout = child.stdout.take().expect("stdout is piped");
-    for line in std::io::BufRead::lines(std::io::BufReader::new(stdout)) {
-        let line = line.context("reading cargo test output")?;
-        println!("{line}");
-        totals.add_line(&line);
-    }
-    let st = child.wait()?;
+    let started = std::time::Instant::now();
+    let (st, totals) = stages::run_tests(t, &what, stages)?;
+    stages.add("cargo test (all test binaries)", started.elapsed());
     if !is_root() {
         eprintln!(
             "xtask test: note: not root, so the root-only tests (network namespaces, eBPF) \
@@ -381,14 +373,14 @@ pub(crate) fn build_for_tests() -> Result<()> {
 
 /// Sums libtest's `test result:` lines.
 #[derive(Default, Debug, PartialEq)]
-struct TestTotals {
+pub(crate) struct TestTotals {
     passed: u64,
     failed: u64,
     ignored: u64,
 }
 
 impl TestTotals {
-    fn add_line(&mut self, line: &str) {
+    pub(crate) fn add_line(&mut self, line: &str) {
         let Some(rest) = line.trim().strip_prefix("test result: ") else {
             return;
         };
@@ -422,6 +414,34 @@ fn hw_check() -> Result<()> {
         "rpingmesh-hw-check",
     ]);
     run_streamed(c, "rpingmesh-hw-check")
+}
+
+#[cfg(test)]
+mod protoc_tests {
+    /// `cargo build` needs no system protoc: .cargo/config.toml points PROTOC at
+    /// tools/protoc, which runs the vendored protoc cargo fetched (with its bundled
+    /// well-known .proto files), not one on PATH.
+    #[test]
+    fn the_build_scripts_protoc_is_the_vendored_one() {
+        let root = super::root();
+        let config = std::fs::read_to_string(root.join(".cargo/config.toml")).unwrap();
+        assert!(config.contains("PROTOC = { value = \"tools/protoc\", relative = true }"));
+        let out = std::process::Command::new("sh")
+            .arg("-x")
+            .arg(root.join("tools/protoc"))
+            .arg("--version")
+            .output()
+            .unwrap();
+        let trace = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{trace}");
+        assert!(
+            trace
+                .lines()
+                .any(|l| l.contains("exec ") && l.contains("protoc-bin-vendored")),
+            "tools/protoc ran another protoc:\n{trace}"
+        );
+        assert!(String::from_utf8_lossy(&out.stdout).starts_with("libprotoc "));
+    }
 }
 
 #[cfg(test)]

@@ -1882,7 +1882,28 @@ async fn rdma_faults(dir: &Path) -> Result<Value> {
         "stdout": String::from_utf8_lossy(&stray.stdout),
         "stderr": String::from_utf8_lossy(&stray.stderr),
     });
-    tokio::time::sleep(Duration::from_secs(3 * FAULT_WINDOW_SEC)).await;
+    // Until a window that began after the stray datagrams shows the peer answering (a
+    // loaded host reports late: bounded by ten windows, not a fixed sleep).
+    let oversize_ns = phases["oversize"];
+    let peer_gid = v4_gid(FAULT_IPS[1]);
+    let _ = wait_for(
+        Duration::from_secs(10 * FAULT_WINDOW_SEC),
+        Duration::from_millis(500),
+        || {
+            let (mut op, peer_gid) = (op.clone(), peer_gid.clone());
+            async move {
+                let ws = all_windows(&mut op).await.ok()?;
+                ws.iter()
+                    .any(|w| {
+                        w.target_gid == peer_gid
+                            && w.window_start_unix_ns >= oversize_ns + 1_000_000_000
+                            && w.probe_success > 0
+                    })
+                    .then_some(())
+            }
+        },
+    )
+    .await;
     let peer_qps_after = res_of_pid("qp", peer.pid());
     phases.insert("end", unix_ns_now());
 
