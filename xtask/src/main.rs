@@ -106,7 +106,28 @@ pub fn target_dir() -> PathBuf {
 pub fn cargo() -> Command {
     let mut c = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
     c.current_dir(root());
+    // `cargo xtask` is `cargo run`: what cargo set for xtask itself (CARGO_MANIFEST_DIR,
+    // CARGO_PKG_*...) must not reach the cargo it starts, or build scripts that watch
+    // those variables (ring's) see them change between `cargo xtask ...` and a plain
+    // `cargo build` and rebuild, with everything above them.
+    for (k, _) in std::env::vars_os() {
+        if k.to_str().is_some_and(inherited_from_cargo_run) {
+            c.env_remove(&k);
+        }
+    }
     c
+}
+
+/// Variables `cargo run` sets for the program it runs (not the user's own settings).
+fn inherited_from_cargo_run(k: &str) -> bool {
+    matches!(
+        k,
+        "CARGO_MANIFEST_DIR"
+            | "CARGO_MANIFEST_PATH"
+            | "CARGO_CRATE_NAME"
+            | "CARGO_BIN_NAME"
+            | "CARGO_PRIMARY_PACKAGE"
+    ) || k.starts_with("CARGO_PKG_")
 }
 
 /// Runs a command with inherited stdio; a failure names the command and its status.
