@@ -5,7 +5,7 @@
 //! `rnic` owns a transport endpoint and runs the select loop, `cluster_monitor` keeps the
 //! pinglists fresh, `report` ships per-path summaries, `telemetry` exports OTLP metrics.
 //! `hostping` is the intra-host check (`hostping --once`) and `host_monitor` runs it
-//! inside the agent.
+//! inside the agent; `open` opens the RNICs for both.
 
 pub mod agent;
 pub mod cluster_monitor;
@@ -13,6 +13,7 @@ pub mod config;
 pub mod controller_client;
 pub mod host_monitor;
 pub mod hostping;
+pub mod open;
 pub mod rc_probe;
 pub mod reopen;
 pub mod report;

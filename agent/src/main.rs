@@ -6,7 +6,7 @@ use std::time::Duration;
 use clap::Parser;
 use rpingmesh_agent::config::{AgentConfig, CliArgs, Transport};
 use rpingmesh_agent::telemetry::{init_logging, Telemetry};
-use rpingmesh_agent::{agent, telemetry, watchdog_sampler};
+use rpingmesh_agent::{agent, open, telemetry, watchdog_sampler};
 
 fn main() -> ExitCode {
     one_malloc_arena();
@@ -57,12 +57,12 @@ async fn run(cfg: AgentConfig) -> ExitCode {
     // Every RNIC is opened before anything contacts the controller: an agent that cannot
     // open its transport exits with one line and leaves no half-registered agent behind.
     let opened = match cfg.transport {
-        Transport::Udp => agent::bind_udp(&cfg).map(|eps| {
+        Transport::Udp => open::bind_udp(&cfg).map(|eps| {
             eps.into_iter()
-                .map(agent::OpenedRnic::from)
+                .map(open::OpenedRnic::from)
                 .collect::<Vec<_>>()
         }),
-        Transport::Rdma => agent::open_rdma(&cfg),
+        Transport::Rdma => open::open_rdma(&cfg),
     };
     let endpoints = match opened {
         Ok(eps) => eps,

@@ -312,7 +312,7 @@ async fn agent_answers_probes_with_an_unreachable_controller() {
         ..AgentConfig::default()
     };
     cfg.validate().unwrap();
-    let eps = rpingmesh_agent::agent::bind_udp(&cfg).unwrap();
+    let eps = rpingmesh_agent::open::bind_udp(&cfg).unwrap();
     let agent_ep = eps[0].local();
     let running = rpingmesh_agent::agent::start(&cfg, eps, Metrics::disabled()).unwrap();
 

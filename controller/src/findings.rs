@@ -8,7 +8,21 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use rpingmesh_proto::controller_agent::PathSummary;
 
-use crate::analyzer::ViolationKind;
+/// The SLA a path window breaks: too lossy, or too slow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ViolationKind {
+    Loss,
+    Rtt,
+}
+
+impl ViolationKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ViolationKind::Loss => "loss",
+            ViolationKind::Rtt => "rtt",
+        }
+    }
+}
 
 /// The path a finding is about.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -24,6 +24,7 @@ pub mod registry;
 pub mod server;
 pub mod service;
 pub mod service_paths;
+pub mod state_gauges;
 pub mod telemetry;
 pub mod topology;
 pub mod trace;

@@ -49,7 +49,9 @@ async fn run(cfg: ControllerConfig) -> anyhow::Result<()> {
             return Err(e);
         }
     };
-    telemetry.observe_state(&handle.state);
+    if let Some(meter) = telemetry.meter() {
+        rpingmesh_controller::state_gauges::observe_state(&meter, &handle.state);
+    }
     let _metrics_server = match telemetry.prometheus_registry() {
         Some(reg) => {
             let addr = cfg.prometheus_socket_addr()?;

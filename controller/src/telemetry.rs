@@ -4,8 +4,6 @@
 
 use std::time::Duration;
 
-use std::sync::Arc;
-
 use opentelemetry::metrics::{Counter, Meter, MeterProvider};
 use opentelemetry::KeyValue;
 use opentelemetry_sdk::Resource;
@@ -13,7 +11,6 @@ use rpingmesh_metrics_export::{Exporter, MetricsPipeline, PipelineOptions};
 
 use crate::analyzer::ViolationKind;
 use crate::config::ControllerConfig;
-use crate::service::ControllerState;
 
 pub const SERVICE_NAME: &str = "rpingmesh-analyzer";
 pub const METRIC_PATH_SUMMARIES: &str = "rpingmesh.analyzer.path_summaries_total";
@@ -155,128 +152,14 @@ impl Telemetry {
         self.pipeline.as_ref()?.prometheus_registry()
     }
 
-    /// Gauges read from the controller's state at collection time: open findings (per
-    /// ToR pair for the per-path kinds loss and rtt; per kind alone for the localized
-    /// components rnic, host, tor and link, every one present, 0 when none), RNICs by
-    /// liveness, service paths per service.
-    pub fn observe_state(&self, state: &Arc<ControllerState>) {
-        let Some(p) = &self.pipeline else { return };
-        let meter = p.provider().meter("rpingmesh-controller");
-        let st = Arc::downgrade(state);
-        meter
-            .u64_observable_gauge(METRIC_FINDINGS_OPEN)
-            .with_description(
-                "Open analyzer findings: per path (kind loss|rtt, by ToR pair) and localized (kind rnic|host|tor|link)",
-            )
-            .with_callback(move |o| {
-                let Some(st) = st.upgrade() else { return };
-                for ((src, dst, kind), n) in st.open_findings_by_tor_pair() {
-                    o.observe(
-                        n,
-                        &[
-                            KeyValue::new("source_tor", src),
-                            KeyValue::new("target_tor", dst),
-                            KeyValue::new("kind", kind.as_str()),
-                        ],
-                    );
-                }
-                for (kind, n) in st.open_findings_by_kind() {
-                    o.observe(n as u64, &[KeyValue::new("kind", kind)]);
-                }
-            })
-            .build();
-        let st = Arc::downgrade(state);
-        meter
-            .u64_observable_gauge(METRIC_FINDINGS_SUPPRESSED)
-            .with_description(
-                "Open localized findings an operator's action keeps from alerting, by kind (rnic|host|tor|link) and reason (silenced|maintenance); not in findings_open",
-            )
-            .with_callback(move |o| {
-                let Some(st) = st.upgrade() else { return };
-                for ((kind, reason), n) in st.open_by_kind_and_suppression().1 {
-                    o.observe(
-                        n as u64,
-                        &[KeyValue::new("kind", kind), KeyValue::new("reason", reason)],
-                    );
-                }
-            })
-            .build();
-        let st = Arc::downgrade(state);
-        meter
-            .u64_observable_gauge(METRIC_AFFECTED_SERVICES)
-            .with_description(
-                "Workloads (service-path groups: jobs, pods, containers, units) whose live service paths cross the component of an open finding, by finding kind (rnic|host|tor|link)",
-            )
-            .with_callback(move |o| {
-                let Some(st) = st.upgrade() else { return };
-                for (kind, n) in st.affected_services_by_kind() {
-                    o.observe(n as u64, &[KeyValue::new("kind", kind)]);
-                }
-            })
-            .build();
-        let st = Arc::downgrade(state);
-        meter
-            .u64_observable_gauge(METRIC_HOST_FINDINGS)
-            .with_description(
-                "Findings in each host's newest Hostping report, by hostname and kind (hosts with findings only)",
-            )
-            .with_callback(move |o| {
-                let Some(st) = st.upgrade() else { return };
-                for ((host, kind), n) in st.host_findings_by_kind() {
-                    o.observe(n, &[KeyValue::new("hostname", host), KeyValue::new("kind", kind)]);
-                }
-            })
-            .build();
-        let st = Arc::downgrade(state);
-        meter
-            .u64_observable_gauge(METRIC_FOCUS_TARGETS)
-            .with_description(
-                "FOCUS targets handed out now (adaptive probing through suspect components)",
-            )
-            .with_callback(move |o| {
-                if let Some(st) = st.upgrade() {
-                    o.observe(st.focus_stats().0, &[]);
-                }
-            })
-            .build();
-        let st = Arc::downgrade(state);
-        meter
-            .u64_observable_counter(METRIC_FOCUS_PROBES)
-            .with_description("Probes of FOCUS windows ingested: adaptive probing's extra probes")
-            .with_callback(move |o| {
-                if let Some(st) = st.upgrade() {
-                    o.observe(st.focus_stats().1, &[]);
-                }
-            })
-            .build();
-        let st = Arc::downgrade(state);
-        meter
-            .u64_observable_gauge(METRIC_RNICS)
-            .with_description("Registered RNICs by liveness")
-            .with_callback(move |o| {
-                let Some(st) = st.upgrade() else { return };
-                let (active, inactive) = st.rnic_counts();
-                o.observe(active, &[KeyValue::new("state", "active")]);
-                o.observe(inactive, &[KeyValue::new("state", "inactive")]);
-            })
-            .build();
-        let st = Arc::downgrade(state);
-        meter
-            .u64_observable_gauge(METRIC_SERVICE_PATHS)
-            .with_description("Live service paths per service, monitored or not")
-            .with_callback(move |o| {
-                let Some(st) = st.upgrade() else { return };
-                for ((service, monitored), n) in st.service_path_counts() {
-                    o.observe(
-                        n,
-                        &[
-                            KeyValue::new("service", service),
-                            KeyValue::new("monitored", if monitored { "true" } else { "false" }),
-                        ],
-                    );
-                }
-            })
-            .build();
+    /// The meter the controller's own instruments hang on (none with metrics off).
+    pub fn meter(&self) -> Option<Meter> {
+        Some(
+            self.pipeline
+                .as_ref()?
+                .provider()
+                .meter("rpingmesh-controller"),
+        )
     }
 
     /// Flushes and stops the exporter; errors are logged.

@@ -1,6 +1,6 @@
 //! The soft-RoCE VM tier, shared by both halves: the host test (`tests/vm_rdma.rs`) boots
 //! Debian's stock kernel under qemu once and runs the guest runner
-//! (`src/bin/rpingmesh-vm-guest.rs`) inside it; the runner drives the real binaries
+//! (`src/bin/rpingmesh-vm-guest/`) inside it; the runner drives the real binaries
 //! through every scenario and writes what it observed as JSON into the shared results
 //! directory, where the host test's assertions read it.
 //!

@@ -12,10 +12,11 @@
 
 use std::collections::BTreeMap;
 
-use crate::background::Background;
+use crate::fabric::FabricSpec;
 use crate::output::FindingRecord;
 use crate::rng::Rng;
-use crate::scenario::{ground_truth, Direction, FabricSpec, Fault, FaultKind, Scenario};
+use crate::scenario::background::Background;
+use crate::scenario::{ground_truth, Direction, Fault, FaultKind, Scenario};
 
 /// The kinds of the black-failure suite (every kind but the gray-only rnic_loss), in the
 /// order its scenarios cycle through.

@@ -16,8 +16,6 @@ use rpingmesh_controller::registry::{AgentRecord, RegistryIndex, RnicRecord};
 use rpingmesh_controller::topology::{EcmpModel, Topology};
 use rpingmesh_proto::gid::format_gid;
 
-use crate::scenario::FabricSpec;
-
 /// A location as scenario files write it (numbers are the 1-based name numbers; `j` is
 /// the device number, from 0).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,6 +99,32 @@ pub struct Host {
     pub rnics: Vec<u32>,
 }
 
+/// The two-tier Clos fabric (see the crate documentation for the naming and the rail
+/// layout).
+#[derive(Debug, Clone, PartialEq)]
+pub struct FabricSpec {
+    pub tors: u32,
+    pub spines: u32,
+    pub hosts_per_tor: u32,
+    pub rnics_per_host: u32,
+    pub rail_optimized: bool,
+    /// Per link traversal (host-ToR, ToR-spine, spine-ToR, ToR-host).
+    pub link_latency_us: f64,
+    /// Each traversal adds uniform [0, link_jitter_us).
+    pub link_jitter_us: f64,
+}
+
+impl FabricSpec {
+    /// Hosts per rail group (rail_optimized) or per ToR.
+    pub fn host_groups(&self) -> u32 {
+        if self.rail_optimized {
+            self.tors / self.rnics_per_host
+        } else {
+            self.tors
+        }
+    }
+}
+
 /// The built fabric.
 #[derive(Debug, Clone)]
 pub struct Fabric {
@@ -170,11 +194,6 @@ impl Fabric {
             tor_rnics,
             topology,
         }
-    }
-
-    /// The fabric scenario `s` runs on (its ECMP hash seeded from the scenario's seed).
-    pub fn of_scenario(s: &crate::scenario::Scenario) -> Fabric {
-        Fabric::new(&s.fabric, (s.seed ^ (s.seed >> 32)) as u32)
     }
 
     /// The RNIC index of `h<g>-<i>/r<j>`.

@@ -4,9 +4,10 @@
 //! on fabrics of 1,024 RNICs (two of them rail-optimized), over the realistic background
 //! of [`Background::realistic`]. Seeded; each (kind, magnitude) gets its share.
 
-use crate::background::Background;
+use crate::fabric::FabricSpec;
 use crate::rng::Rng;
-use crate::scenario::{Direction, FabricSpec, Fault, FaultKind, Scenario};
+use crate::scenario::background::Background;
+use crate::scenario::{Direction, Fault, FaultKind, Scenario};
 
 /// The kinds of the gray suite, in the order its faults cycle through.
 pub const GRAY_KINDS: [&str; 4] = ["link_loss", "link_latency", "host_stall", "rnic_loss"];

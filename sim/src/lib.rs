@@ -61,7 +61,6 @@
 //! See [`sim`] for the event order. [`run`] runs a scenario to its end; [`Sim`] steps it
 //! one window at a time (for a demo that paces it in real time).
 
-pub mod background;
 pub mod eval;
 pub mod fabric;
 pub mod faults;
@@ -73,11 +72,11 @@ pub mod scenario;
 pub mod sim;
 pub mod workloads;
 
-pub use background::Background;
-pub use fabric::Fabric;
+pub use fabric::{Fabric, FabricSpec};
 pub use output::FindingRecord;
+pub use scenario::background::Background;
 pub use scenario::{
-    ground_truth, Direction, FabricSpec, Fault, FaultKind, GroundTruth, Scenario, ScenarioError,
+    ground_truth, Direction, Fault, FaultKind, GroundTruth, Scenario, ScenarioError,
 };
 pub use sim::{
     run, try_run, PairLoss, ProbeCounts, Sim, SimOptions, SimOutcome, TimedEvent, WindowReport,

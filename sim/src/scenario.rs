@@ -15,8 +15,11 @@ use std::fmt;
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::background::{self, Background};
-use crate::fabric::{parse_location, Location};
+use crate::fabric::{parse_location, Fabric, FabricSpec, Location};
+
+pub mod background;
+
+use background::Background;
 
 /// Bounds beyond the obvious ones (the GID and name schemes, and sanity).
 pub const MAX_TORS: u32 = 4096;
@@ -35,19 +38,11 @@ pub struct Scenario {
     pub background: Background,
 }
 
-/// The two-tier Clos fabric (see the crate documentation for the naming and the rail
-/// layout).
-#[derive(Debug, Clone, PartialEq)]
-pub struct FabricSpec {
-    pub tors: u32,
-    pub spines: u32,
-    pub hosts_per_tor: u32,
-    pub rnics_per_host: u32,
-    pub rail_optimized: bool,
-    /// Per link traversal (host-ToR, ToR-spine, spine-ToR, ToR-host).
-    pub link_latency_us: f64,
-    /// Each traversal adds uniform [0, link_jitter_us).
-    pub link_jitter_us: f64,
+impl Scenario {
+    /// The fabric this scenario runs on (its ECMP hash seeded from the scenario's seed).
+    pub fn build_fabric(&self) -> Fabric {
+        Fabric::new(&self.fabric, (self.seed ^ (self.seed >> 32)) as u32)
+    }
 }
 
 /// Which way across a ToR-spine link a link fault acts.
@@ -453,6 +448,7 @@ impl Scenario {
     }
 }
 
+/// A fabric's checks against the scenario format's bounds (the struct is `crate::fabric`'s).
 impl FabricSpec {
     pub fn validate(&self) -> Result<(), ScenarioError> {
         let range = |name: &str, v: u32, max: u32| -> Result<(), ScenarioError> {
@@ -490,15 +486,6 @@ impl FabricSpec {
             ));
         }
         Ok(())
-    }
-
-    /// Hosts per rail group (rail_optimized) or per ToR.
-    pub fn host_groups(&self) -> u32 {
-        if self.rail_optimized {
-            self.tors / self.rnics_per_host
-        } else {
-            self.tors
-        }
     }
 
     /// Ok when the parsed location exists in this fabric; else why not.

@@ -310,7 +310,7 @@ impl Sim {
         scenario.validate()?;
         let started = Instant::now();
         let seed = scenario.seed;
-        let fabric = Fabric::of_scenario(scenario);
+        let fabric = scenario.build_fabric();
         let plan = FaultPlan::new(scenario, &fabric, &mut Rng::new(derive(seed, 1)));
         let window_ns = opts.window_sec.max(1) * NS;
         let unaligned = BASE_UNIX_SEC * NS;

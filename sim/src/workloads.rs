@@ -146,7 +146,7 @@ pub fn score_impact(
     s: &crate::scenario::Scenario,
     findings: &[crate::output::FindingRecord],
 ) -> Vec<ImpactScore> {
-    let fabric = Fabric::of_scenario(s);
+    let fabric = s.build_fabric();
     let (count, size, qps) = SCORED_JOBS;
     let js = jobs(&fabric, s.seed, count, size, qps);
     let paths = service_paths(&fabric, &js);
@@ -195,7 +195,7 @@ pub fn score_impact(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::scenario::FabricSpec;
+    use crate::fabric::FabricSpec;
 
     fn fabric() -> Fabric {
         Fabric::new(

@@ -4,6 +4,7 @@ mod bench;
 mod build_ebpf;
 mod demo;
 mod fuzz;
+mod house;
 mod package;
 mod procs;
 mod sim;
@@ -54,6 +55,9 @@ enum Cmd {
     /// Build the .deb packages of the agent and the controller (release, rdma, eBPF
     /// embedded) into target/debian. Part of `test` too (the package install test).
     Package(package::PackageArgs),
+    /// Check the house rules: no source file past 800 lines outside tests, benches and
+    /// fixtures, no module cycle inside a crate (also a test of the suite).
+    House,
 }
 
 fn main() -> ExitCode {
@@ -70,6 +74,7 @@ fn main() -> ExitCode {
         Cmd::Sim(a) => sim::run(a),
         Cmd::Fuzz(a) => fuzz::run(a),
         Cmd::Package(a) => package::run(a),
+        Cmd::House => house(),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,
@@ -78,6 +83,21 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn house() -> Result<()> {
+    let problems = house::problems(&root())?;
+    for p in &problems {
+        eprintln!("{p}");
+    }
+    if !problems.is_empty() {
+        bail!("{} house rule(s) broken", problems.len());
+    }
+    println!(
+        "house rules kept: no file past {} lines, no module cycle",
+        house::MAX_LINES
+    );
+    Ok(())
 }
 
 /// The workspace root (xtask lives one level below it).

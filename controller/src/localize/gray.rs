@@ -22,7 +22,7 @@ use super::evidence::{self, Component, Components, Skip, WindowEvidence};
 use super::hoststat::HostWindow;
 use super::placed::Placed;
 use super::stats::{binomial_glr, binomial_llr, poisson_glr, poisson_llr, poisson_stderr};
-use super::tally::{self, Tally};
+use super::tally::{self, Tally, Test};
 use crate::topology::Topology;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -61,14 +61,6 @@ impl Default for GrayParams {
             resolve_after_windows: 2,
         }
     }
-}
-
-/// Which test named a component.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Test {
-    Loss,
-    Latency,
-    Stall,
 }
 
 /// A component the detector has named, and what it has put down to it.

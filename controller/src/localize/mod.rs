@@ -535,8 +535,9 @@ mod tally;
 
 pub use baseline::Baseline;
 pub use evidence::Component;
-pub use gray::{GrayParams, Suspect, Test};
+pub use gray::{GrayParams, Suspect};
 pub use rules::{explain, explain_window, RulesOutcome};
+pub use tally::Test;
 
 use evidence::Skip;
 use gray::GrayDetector;

@@ -7,9 +7,10 @@ use std::collections::BTreeMap;
 use rpingmesh_proto::operator::{FindingEvidence, FindingPath};
 
 use super::evidence::Component;
-use super::gray::{GrayBlame, Test};
+use super::gray::GrayBlame;
 use super::placed::{Placed, WindowPath};
 use super::stats::confidence;
+use super::tally::Test;
 use super::{Blame, ComponentKind, Symptom};
 use crate::topology::{LinkDir, Topology};
 

@@ -8,7 +8,14 @@
 //! taken down by a claim is exactly the sum a fresh pass would give.
 
 use super::evidence::{Unit, WindowEvidence};
-use super::gray::Test;
+
+/// Which test named a component.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Test {
+    Loss,
+    Latency,
+    Stall,
+}
 
 /// Tests the tally keeps (a stall is judged per host, elsewhere).
 const TESTS: usize = 2;

@@ -6,6 +6,7 @@ mod etcd;
 mod index;
 mod sqlite;
 
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 
 use rpingmesh_proto::controller_agent::ServiceFlowReport;
@@ -17,8 +18,6 @@ pub use sqlite::SqliteRegistry;
 
 /// Resolved findings a store keeps (the newest by resolution time); open ones are all kept.
 pub const RESOLVED_FINDINGS_KEPT: usize = 1000;
-
-use crate::config::DatabaseUri;
 
 /// One registered RNIC. `gid` is always in the normalized full form.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -119,6 +118,14 @@ pub trait Registry: Send {
     fn delete_action(&mut self, id: u64) -> Result<(), RegistryError>;
     /// Every stored action (unreadable ones logged and skipped).
     fn load_actions(&self) -> Result<Vec<Action>, RegistryError>;
+}
+
+/// Which registry store the controller's `database_uri` selects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DatabaseUri {
+    SqliteMemory,
+    SqliteFile(PathBuf),
+    Etcd(String),
 }
 
 /// Opens the store selected by `database_uri`; agent entries in etcd live

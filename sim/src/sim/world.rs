@@ -8,10 +8,10 @@ use rpingmesh_controller::pinglist::PinglistParams;
 use rpingmesh_controller::registry::RegistryIndex;
 
 use super::noise;
-use crate::background::Background;
 use crate::fabric::Fabric;
 use crate::faults::FaultPlan;
 use crate::rng::{threshold, Rng};
+use crate::scenario::background::Background;
 
 /// Fixed numbers of a run, in ns.
 pub(super) struct Consts {

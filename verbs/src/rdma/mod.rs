@@ -16,6 +16,7 @@ pub mod error;
 pub mod gpu;
 pub mod loopback;
 pub mod nic_clock;
+pub mod numa;
 #[cfg(feature = "rdma")]
 pub mod rc_ring;
 pub mod ring;

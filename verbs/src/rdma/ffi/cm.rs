@@ -19,7 +19,7 @@ use rdma_sys::*;
 use super::{rc, verbs_err, Context, Cq, HostMem, Mr, Pd};
 use crate::rdma::completion::WcRecord;
 use crate::rdma::error::RdmaError;
-use crate::rdma::loopback::NodeMask;
+use crate::rdma::numa::NodeMask;
 
 fn cm_err(call: &'static str, source: io::Error) -> RdmaError {
     verbs_err("rdma_cm", call, source)

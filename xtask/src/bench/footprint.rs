@@ -1,0 +1,282 @@
+//! The agent footprint bench: CPU and RSS of one agent probing 64 targets at 10/s each
+//! over udp, with the probes it really sent.
+
+use super::*;
+
+#[derive(Debug, Clone)]
+pub struct Footprint {
+    pub(super) cpu_pct: f64,
+    pub(super) rss_mib: f64,
+    pub(super) probes_per_sec: f64,
+    pub(super) targets_probed: usize,
+    pub(super) sleep_rss_mib: f64,
+}
+
+/// utime + stime of a process, in clock ticks.
+pub(super) fn cpu_ticks(pid: u32) -> Result<u64> {
+    let st = procfs::process::Process::new(pid as i32)
+        .and_then(|p| p.stat())
+        .with_context(|| format!("/proc/{pid}/stat"))?;
+    Ok(st.utime + st.stime)
+}
+
+/// VmRSS in KiB.
+pub(super) fn rss_kib(pid: u32) -> Result<u64> {
+    let st = procfs::process::Process::new(pid as i32)
+        .and_then(|p| p.status())
+        .with_context(|| format!("/proc/{pid}/status"))?;
+    st.vmrss.context("no VmRSS in /proc/<pid>/status")
+}
+
+pub(super) fn footprint_run() -> Result<Footprint> {
+    let controller_bin = procs::release_bin("rpingmesh-controller")?;
+    let agent_bin = procs::release_bin("rpingmesh-agent")?;
+    let tmp = tempfile::Builder::new()
+        .prefix("rpingmesh-bench-")
+        .tempdir()?;
+    let dir = tmp.path();
+    let mut all: Vec<Proc> = Vec::new();
+    all.push(Proc::spawn(
+        dir,
+        "controller",
+        &controller_bin,
+        &[
+            "--listen-addr",
+            "127.0.0.1:0",
+            "--database-uri",
+            "sqlite::memory:",
+            "--metrics-enabled",
+            "false",
+            "--log-level",
+            "info",
+        ]
+        .map(String::from),
+    )?);
+    let addr = procs::wait_listening(&mut all[0], Duration::from_secs(20))?;
+    let caddr = addr.to_string();
+    let responders: Vec<String> = (1..=TARGETS)
+        .map(|i| Ipv4Addr::new(127, 0, 2, i as u8).to_string())
+        .collect();
+    let mut resp_args: Vec<String> = [
+        "--agent-id",
+        "responder",
+        "--tor-id",
+        "t1",
+        "--controller-addr",
+        &caddr,
+        "--udp-port",
+        "18515",
+        "--transport",
+        "udp",
+        "--metrics-enabled",
+        "false",
+        "--log-level",
+        "warn",
+        "--responder-only",
+        "true",
+    ]
+    .map(String::from)
+    .to_vec();
+    resp_args.push("--udp-addresses".into());
+    resp_args.push(responders.join(","));
+    all.push(Proc::spawn(dir, "responder", &agent_bin, &resp_args)?);
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let res = (|| -> Result<Footprint> {
+        rt.block_on(wait_rnics(addr, TARGETS, Duration::from_secs(30), &mut all))?;
+        let measured_args = [
+            "--agent-id",
+            "measured",
+            "--tor-id",
+            "t1",
+            "--controller-addr",
+            &caddr,
+            "--udp-addresses",
+            "127.0.3.1",
+            "--udp-port",
+            "18515",
+            "--transport",
+            "udp",
+            "--tor-mesh-probe-rate-per-second",
+            "10",
+            "--probe-interval-ms",
+            "100",
+            "--analysis-window-sec",
+            "5",
+            "--metrics-enabled",
+            "false",
+            "--log-level",
+            "warn",
+        ]
+        .map(String::from);
+        all.push(Proc::spawn(dir, "measured", &agent_bin, &measured_args)?);
+        let pid = all[2].pid();
+        // Warm-up: until the measured agent reports successful paths to every target.
+        rt.block_on(wait_targets(
+            addr,
+            TARGETS,
+            Duration::from_secs(45),
+            &mut all,
+        ))?;
+        std::thread::sleep(Duration::from_secs(2));
+
+        let mut sleeper = Command::new("sleep")
+            .arg("120")
+            .stdin(Stdio::null())
+            .spawn()
+            .context("starting the `sleep` baseline")?;
+        let start_unix = unix_ns();
+        let t0 = Instant::now();
+        let c0 = cpu_ticks(pid)?;
+        let mut rss = Vec::new();
+        while t0.elapsed() < SAMPLE {
+            std::thread::sleep(Duration::from_secs(1));
+            rss.push(rss_kib(pid)?);
+        }
+        let c1 = cpu_ticks(pid)?;
+        let wall = t0.elapsed().as_secs_f64();
+        let sleep_rss = rss_kib(sleeper.id()).unwrap_or(0);
+        let _ = sleeper.kill();
+        let _ = sleeper.wait();
+        let hz = procfs::ticks_per_second() as f64;
+        let cpu_pct = (c1 - c0) as f64 / hz / wall * 100.0;
+        rss.sort_unstable();
+        let rss_med = rss[rss.len() / 2];
+        let (rate, targets) = rt.block_on(probe_rate(addr, start_unix))?;
+        for p in all.iter_mut() {
+            if let Some(st) = p.exit_status() {
+                bail!(
+                    "{} exited ({st}) during the bench:\n{}",
+                    p.name,
+                    p.log_tail(20)
+                );
+            }
+        }
+        let f = Footprint {
+            cpu_pct,
+            rss_mib: rss_med as f64 / 1024.0,
+            probes_per_sec: rate,
+            targets_probed: targets,
+            sleep_rss_mib: sleep_rss as f64 / 1024.0,
+        };
+        eprintln!("  {f:?}");
+        Ok(f)
+    })();
+    procs::stop_all(&mut all);
+    res
+}
+
+pub(super) fn unix_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+pub(super) fn check_alive(all: &mut [Proc]) -> Result<()> {
+    for p in all.iter_mut() {
+        if let Some(st) = p.exit_status() {
+            bail!("{} exited ({st}):\n{}", p.name, p.log_tail(20));
+        }
+    }
+    Ok(())
+}
+
+pub(super) async fn wait_rnics(
+    addr: SocketAddr,
+    n: usize,
+    timeout: Duration,
+    all: &mut [Proc],
+) -> Result<()> {
+    let mut op = procs::operator(addr).await?;
+    let deadline = Instant::now() + timeout;
+    loop {
+        check_alive(all)?;
+        let got = op
+            .list_rnics(ListRnicsRequest::default())
+            .await
+            .map(|r| r.into_inner().rnics.len())
+            .unwrap_or(0);
+        if got >= n {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            bail!("only {got} of {n} responder RNICs registered within {timeout:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+pub(super) const MEASURED_GID: &str = "0000:0000:0000:0000:0000:ffff:7f00:0301"; // 127.0.3.1
+
+pub(super) async fn wait_targets(
+    addr: SocketAddr,
+    n: usize,
+    timeout: Duration,
+    all: &mut [Proc],
+) -> Result<()> {
+    let mut op = procs::operator(addr).await?;
+    let deadline = Instant::now() + timeout;
+    loop {
+        check_alive(all)?;
+        let got = op
+            .list_paths(ListPathsRequest {
+                source_gid: MEASURED_GID.into(),
+                ..Default::default()
+            })
+            .await
+            .map(|r| {
+                r.into_inner()
+                    .paths
+                    .iter()
+                    .filter(|p| p.probe_success > 0)
+                    .count()
+            })
+            .unwrap_or(0);
+        if got >= n {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            bail!("the measured agent reached only {got} of {n} targets within {timeout:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Achieved probe rate (all targets) and number of targets probed, from the windows that
+/// started during sampling.
+pub(super) async fn probe_rate(addr: SocketAddr, since_ns: u64) -> Result<(f64, usize)> {
+    let mut op = procs::operator(addr).await?;
+    let paths = op
+        .list_paths(ListPathsRequest {
+            source_gid: MEASURED_GID.into(),
+            all_windows: true,
+            ..Default::default()
+        })
+        .await?
+        .into_inner()
+        .paths;
+    let mut per_target: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    let mut windows = std::collections::BTreeSet::new();
+    for p in paths.iter().filter(|p| p.window_start_unix_ns >= since_ns) {
+        if !windows.insert((p.target_gid.clone(), p.window_start_unix_ns)) {
+            continue;
+        }
+        let e = per_target.entry(p.target_gid.clone()).or_default();
+        e.0 += p.probe_total as u64;
+        e.1 += p.window_duration_ms as u64;
+    }
+    let rate = per_target
+        .values()
+        .filter(|(_, ms)| *ms > 0)
+        .map(|(n, ms)| *n as f64 / (*ms as f64 / 1000.0))
+        .sum();
+    Ok((rate, per_target.len()))
+}
+
+pub(super) fn median_f(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
