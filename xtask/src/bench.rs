@@ -29,6 +29,7 @@ use footprint::{footprint_run, median_f, unix_ns, Footprint};
 use lines::median_lines;
 use lines::{fuzz_lines, json_bench, json_table, recorded_lines, Line};
 use report::{grouped_tables, render_markdown, target_checks, today, verdict};
+
 #[derive(Args)]
 pub struct BenchArgs {
     /// One short run of everything (smoke test of the benches) instead of repeated runs.
@@ -64,8 +65,9 @@ fn section_command(section: &str) -> (&str, &'static [&'static str]) {
 
 const TARGETS: usize = 64;
 const RATE_PER_TARGET: f64 = 10.0;
-const CPU_TARGET_PCT: f64 = 1.0;
-const RSS_TARGET_MIB: f64 = 20.0;
+/// Issue 25's targets: an agent nobody notices (today's numbers miss them; the table says so).
+const CPU_TARGET_PCT: f64 = 0.5;
+const RSS_TARGET_MIB: f64 = 12.0;
 const SAMPLE: Duration = Duration::from_secs(20);
 
 /// The release build every bench binary comes from.
