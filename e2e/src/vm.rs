@@ -154,6 +154,9 @@ pub const FAULT_DOWN_SECS: u64 = 8;
 pub const FAULT_AFTER_UP_SECS: u64 = 12;
 /// Bytes of the stray datagram (more than a receive slot: GRH 40 + 64).
 pub const FAULT_OVERSIZE_BYTES: u32 = 1024;
+/// Bytes of the datagram sent after the MTU is raised to 9000 (rxe: 4096): more than the
+/// peer's receive slots hold (GRH + the 1024 of the MTU it opened with).
+pub const FAULT_OVERFLOW_BYTES: u32 = 2048;
 
 /// Hostping: four rxe devices behind one bridge, the RNICs of one host, checked by
 /// `rpingmesh-agent hostping --once`: healthy; one device's bridge port taken down

@@ -791,7 +791,11 @@ fn vm_rdma_port_down_pauses_one_rnic_and_it_resumes_without_a_reopen() {
         );
         assert!(
             first_ok <= back,
-            "{src} -> {rail} resumed only at {first_ok:.1} s: {table:?}"
+            "{src} -> {rail} resumed only at {first_ok:.1} s: {table:?}\nthe multi agent said: {:#?}",
+            log_messages(v, "multi")
+                .iter()
+                .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+                .collect::<Vec<_>>()
         );
         // Up to the scenario's end: then the multi agent is killed, and the peer may
         // still report a window of probes to the dead rail before it is stopped.
@@ -866,6 +870,57 @@ fn vm_rdma_oversized_datagram_leaves_the_endpoint_running() {
 }
 
 #[test]
+fn vm_rdma_qp_in_error_is_reset_in_place_with_its_qpn() {
+    if skip("vm_rdma_qp_in_error_is_reset_in_place_with_its_qpn") {
+        return;
+    }
+    let v = scenario("rdma_faults");
+    // The MTU went up to 9000 under the running agents (rxe: 4096) ...
+    assert_eq!(
+        v["active_mtus_raised"],
+        serde_json::json!([4096, 4096]),
+        "{v:#}"
+    );
+    // ... and one datagram longer than the peer's receive slots went out ...
+    assert_eq!(
+        v["overflow"]["stdout"].as_str().unwrap().trim(),
+        "ud-sent 1 0",
+        "{}",
+        v["overflow"]
+    );
+    // ... which put the peer's QP in the error state: reset in place, once, the same QP
+    // in RTS afterwards, never re-opened.
+    let logs = log_messages(v, "peer");
+    let resets: Vec<&str> = logs
+        .iter()
+        .copied()
+        .filter(|l| l.contains("reset in place, same QPN"))
+        .collect();
+    assert_eq!(resets.len(), 1, "{logs:#?}");
+    assert!(resets[0].contains("rxef1"), "{}", resets[0]);
+    assert!(
+        !logs
+            .iter()
+            .any(|l| l.contains("transport failed") || l.contains("re-opened")),
+        "{logs:#?}"
+    );
+    let qps = v["peer_qps_after_overflow"].as_array().unwrap();
+    assert_eq!(qps.len(), 1, "{qps:?}");
+    assert_eq!(qps[0]["lqpn"], v["peer_qpn"]);
+    assert_eq!(qps[0]["state"], "RTS");
+    // Its peers go on probing it at the QPN they know.
+    let t = phase_s(v, "overflow");
+    let after: Vec<FaultWindow> = fault_windows(v)
+        .into_iter()
+        .filter(|w| w.dst == FAULT_DEVICES[1] && w.start_s >= t + 1.0)
+        .collect();
+    assert!(
+        after.iter().any(|w| w.ok > 0),
+        "nobody reached the peer after its reset"
+    );
+}
+
+#[test]
 fn vm_rdma_agent_killed_with_9_leaves_no_qp_mr_pd_or_cq() {
     if skip("vm_rdma_agent_killed_with_9_leaves_no_qp_mr_pd_or_cq") {
         return;
@@ -873,7 +928,15 @@ fn vm_rdma_agent_killed_with_9_leaves_no_qp_mr_pd_or_cq() {
     let v = scenario("rdma_faults");
     let before = &v["killed_before"];
     // It held one QP per rail (two), with their PDs, CQs and MRs ...
-    assert_eq!(before["qp"].as_array().unwrap().len(), 2, "{before}");
+    assert_eq!(
+        before["qp"].as_array().unwrap().len(),
+        2,
+        "{before}\nthe multi agent said: {:#?}",
+        log_messages(v, "multi")
+            .iter()
+            .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+            .collect::<Vec<_>>()
+    );
     for k in ["mr", "pd", "cq"] {
         assert!(!before[k].as_array().unwrap().is_empty(), "{k}: {before}");
     }

@@ -43,7 +43,7 @@ impl Stages {
         out.push_str(&format!("  {:>8.1} s  total\n", total.as_secs_f64()));
         if !self.binaries.is_empty() {
             let mut b = self.binaries.clone();
-            b.sort_by(|x, y| y.1.cmp(&x.1));
+            b.sort_by_key(|x| std::cmp::Reverse(x.1));
             out.push_str("xtask test: the slowest test binaries\n");
             for (name, d) in b.iter().take(SLOWEST_SHOWN) {
                 out.push_str(&format!("  {:>8.1} s  {name}\n", d.as_secs_f64()));

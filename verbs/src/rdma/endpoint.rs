@@ -21,6 +21,7 @@ use super::completion::{translate, WcOutcome, WcRecord, WrKind, GRH_LEN, WC_WR_F
 use super::error::RdmaError;
 use super::ffi::{self, Ah, AhSpec, CompChannel, Context, Cq, DeviceCaps, Mr, Pd, Qp};
 use super::nic_clock::NicClock;
+use super::qp_recovery::{self, RecoveryBudget};
 use super::ring::{self, Consumer, Producer};
 use super::sysfs::{self, PortInfo};
 use super::{RdmaOptions, RdmaStats, TimestampSource, MAX_PAYLOAD, QKEY, RECV_SLOT_LEN};
@@ -125,6 +126,8 @@ struct Shared {
     sends_failed: AtomicU64,
     malformed: AtomicU64,
     error_completions: AtomicU64,
+    /// QPs found in the error state and reset in place (same QPN).
+    qp_recoveries: AtomicU64,
     /// Software timestamps only: CLOCK_MONOTONIC read just before each send was posted,
     /// by send slot. It is the send's T2/T4: the packet leaves after it, so the network
     /// interval (T3 - T2, T5 - T4) can only be over-, never under-estimated, whereas the
@@ -172,7 +175,7 @@ impl Shared {
         id: SendId,
     ) -> io::Result<()> {
         let completed = self.sends_completed.load(Ordering::Acquire);
-        if *posted - completed >= self.send_depth {
+        if posted.saturating_sub(completed) >= self.send_depth {
             return Err(io::Error::new(
                 io::ErrorKind::WouldBlock,
                 format!(
@@ -430,6 +433,7 @@ impl RdmaEndpoint {
             sends_failed: AtomicU64::new(0),
             malformed: AtomicU64::new(0),
             error_completions: AtomicU64::new(0),
+            qp_recoveries: AtomicU64::new(0),
         });
         let (producer, consumer) = ring::channel(o.event_ring_capacity);
         let poller = Poller {
@@ -440,6 +444,8 @@ impl RdmaEndpoint {
             recv_slots: recv_n,
             port_up_logged: true,
             error_completions_logged: 0,
+            qp_broken: None,
+            recovery: RecoveryBudget::default(),
         };
         let spawn_err = |e| RdmaError::Verbs {
             device: o.device_name.clone(),
@@ -545,6 +551,7 @@ impl RdmaEndpoint {
             events_delivered: ring.pushed,
             malformed_completions: self.shared.malformed.load(Ordering::Relaxed),
             error_completions: self.shared.error_completions.load(Ordering::Relaxed),
+            qp_recoveries: self.shared.qp_recoveries.load(Ordering::Relaxed),
             sends_posted: posted,
             sends_completed: self.shared.sends_completed.load(Ordering::Relaxed),
             sends_failed: self.shared.sends_failed.load(Ordering::Relaxed),

@@ -14,6 +14,7 @@ use std::net::Ipv6Addr;
 use std::time::Duration;
 
 use super::error::RdmaError;
+#[cfg(feature = "rdma")]
 use super::numa::NodeMask;
 
 /// The paper's two sizes: 1 byte (Eq. 2) and 256 KiB (enough for a 200 Gb/s RNIC).

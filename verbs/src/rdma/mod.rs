@@ -17,6 +17,7 @@ pub mod gpu;
 pub mod loopback;
 pub mod nic_clock;
 pub mod numa;
+pub mod qp_recovery;
 #[cfg(feature = "rdma")]
 pub mod rc_ring;
 pub mod ring;
@@ -224,6 +225,8 @@ pub struct RdmaStats {
     pub malformed_completions: u64,
     /// Completions with an error status (the endpoint fails only if the QP is in error).
     pub error_completions: u64,
+    /// Times the QP fell into the error state and was reset in place (same QPN).
+    pub qp_recoveries: u64,
     pub sends_posted: u64,
     pub sends_completed: u64,
     /// Sends accepted but reported `SendFailed` (no AH, error completion).

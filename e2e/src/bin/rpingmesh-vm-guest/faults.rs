@@ -205,28 +205,7 @@ pub(crate) async fn rdma_faults(dir: &Path) -> Result<Value> {
 
     // 3. A datagram bigger than a receive slot, with our Q_Key, to the peer's QP.
     phases.insert("oversize", unix_ns_now());
-    let stray = Command::new(bin("rdma-qp-churn"))
-        .args([
-            "--dev-a",
-            FAULT_DEVICES[0],
-            "--gid-a",
-            &gid_index.to_string(),
-            "--ud-to-gid",
-            &FAULT_IPS[1].to_string(),
-            "--ud-to-qpn",
-            &peer_qpn.to_string(),
-            "--ud-size",
-            &FAULT_OVERSIZE_BYTES.to_string(),
-            "--ud-count",
-            "3",
-        ])
-        .output()
-        .context("running rdma-qp-churn --ud-to-gid")?;
-    let stray = json!({
-        "status": stray.status.code(),
-        "stdout": String::from_utf8_lossy(&stray.stdout),
-        "stderr": String::from_utf8_lossy(&stray.stderr),
-    });
+    let stray = stray_datagrams(gid_index, peer_qpn, FAULT_OVERSIZE_BYTES, 3)?;
     // Until a window that began after the stray datagrams shows the peer answering (a
     // loaded host reports late: bounded by ten windows, not a fixed sleep).
     let oversize_ns = phases["oversize"];
@@ -250,6 +229,44 @@ pub(crate) async fn rdma_faults(dir: &Path) -> Result<Value> {
     )
     .await;
     let peer_qps_after = res_of_pid("qp", peer.pid());
+
+    // 3b. The MTU raised under the running agents, then a datagram longer than the
+    // peer's receive slots (sized for the MTU at open): rxe puts its QP in the error
+    // state, and the agent resets it in place, QPN unchanged.
+    set_mtu(&[FAULT_NETDEVS[0], FAULT_NETDEVS[1]], 9000)?;
+    let mtus = [
+        wait_active_mtu(FAULT_DEVICES[0], 4096).await,
+        wait_active_mtu(FAULT_DEVICES[1], 4096).await,
+    ];
+    phases.insert("overflow", unix_ns_now());
+    let overflow = stray_datagrams(gid_index, peer_qpn, FAULT_OVERFLOW_BYTES, 1)?;
+    let reset_seen = wait_for(Duration::from_secs(10), Duration::from_millis(200), || {
+        let log = peer.stderr();
+        async move { log.contains("reset in place").then_some(()) }
+    })
+    .await
+    .is_some();
+    let overflow_ns = phases["overflow"];
+    let _ = wait_for(
+        Duration::from_secs(10 * FAULT_WINDOW_SEC),
+        Duration::from_millis(500),
+        || {
+            let (mut op, peer_gid) = (op.clone(), peer_gid.clone());
+            async move {
+                let ws = all_windows(&mut op).await.ok()?;
+                ws.iter()
+                    .any(|w| {
+                        w.target_gid == peer_gid
+                            && w.window_start_unix_ns >= overflow_ns + 1_000_000_000
+                            && w.probe_success > 0
+                    })
+                    .then_some(())
+            }
+        },
+    )
+    .await;
+    let peer_qps_after_overflow = res_of_pid("qp", peer.pid());
+    set_mtu(&[FAULT_NETDEVS[0], FAULT_NETDEVS[1]], 1500)?;
     phases.insert("end", unix_ns_now());
 
     // 4. -9: the kernel must release everything the agent held.
@@ -296,9 +313,72 @@ pub(crate) async fn rdma_faults(dir: &Path) -> Result<Value> {
         "stray": stray,
         "peer_qpn": peer_qpn,
         "peer_qps_after_stray": peer_qps_after,
+        "active_mtus_raised": mtus,
+        "overflow": overflow,
+        "overflow_reset_seen": reset_seen,
+        "peer_qps_after_overflow": peer_qps_after_overflow,
         "killed_before": before_kill,
         "killed_after": after_kill,
         "windows": windows,
         "logs": logs,
     }))
+}
+
+/// `count` datagrams of `bytes` with our Q_Key from a fresh UD QP on FAULT_DEVICES[0] to
+/// the peer's QP: rdma-qp-churn's status line and output.
+fn stray_datagrams(gid_index: u32, peer_qpn: u64, bytes: u32, count: u32) -> Result<Value> {
+    let out = Command::new(bin("rdma-qp-churn"))
+        .args([
+            "--dev-a",
+            FAULT_DEVICES[0],
+            "--gid-a",
+            &gid_index.to_string(),
+            "--ud-to-gid",
+            &FAULT_IPS[1].to_string(),
+            "--ud-to-qpn",
+            &peer_qpn.to_string(),
+            "--ud-size",
+            &bytes.to_string(),
+            "--ud-count",
+            &count.to_string(),
+        ])
+        .output()
+        .context("running rdma-qp-churn --ud-to-gid")?;
+    Ok(json!({
+        "status": out.status.code(),
+        "stdout": String::from_utf8_lossy(&out.stdout),
+        "stderr": String::from_utf8_lossy(&out.stderr),
+    }))
+}
+
+/// Sets the MTU of `netdevs` and of their bridge ports (`<netdev>p`).
+fn set_mtu(netdevs: &[&str], mtu: u32) -> Result<()> {
+    let m = mtu.to_string();
+    for v in netdevs {
+        for dev in [format!("{v}p"), v.to_string()] {
+            sh(&["ip", "link", "set", &dev, "mtu", &m])?;
+        }
+    }
+    Ok(())
+}
+
+/// Waits up to 10 s for `device`'s port 1 to report `want` as its active MTU
+/// (`ibv_devinfo`); the value last seen (0 if unreadable).
+async fn wait_active_mtu(device: &str, want: u32) -> u32 {
+    let read = || -> u32 {
+        sh(&["ibv_devinfo", "-d", device, "-i", "1"])
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.trim().strip_prefix("active_mtu:").map(str::to_string))
+            })
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    wait_for(Duration::from_secs(10), Duration::from_millis(100), || {
+        let m = read();
+        async move { (m == want).then_some(m) }
+    })
+    .await
+    .unwrap_or_else(read)
 }

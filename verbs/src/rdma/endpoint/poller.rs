@@ -14,6 +14,9 @@ pub(super) struct Poller {
     pub(super) port_up_logged: bool,
     /// Error completions logged so far (the first, then at powers of two).
     pub(super) error_completions_logged: u64,
+    /// Why the QP fell into the error state, until it is reset (end of this drain).
+    pub(super) qp_broken: Option<String>,
+    pub(super) recovery: RecoveryBudget,
 }
 
 /// Which of the poller's descriptors poll(2) found readable.
@@ -192,6 +195,11 @@ impl Poller {
                 break;
             }
         }
+        if let Some(reason) = self.qp_broken.take() {
+            if self.recover(&reason) {
+                delivered = true;
+            }
+        }
         if delivered {
             self.shared.notify.notify_one();
         }
@@ -242,23 +250,30 @@ impl Poller {
         }
     }
 
-    /// An error completion. The QP in the error state fails the endpoint (flush errors
-    /// only come from there); anything else costs one send or one receive: the send is
-    /// reported failed, the receive buffer goes back. True when an event was queued.
+    /// An error completion. Either way it costs one send (reported failed) or one
+    /// receive. A QP in the error state (flush errors only come from there) is reset at
+    /// the end of this drain, which posts every receive slot anew; otherwise the receive
+    /// buffer goes back at once. True when an event was queued.
     pub(super) fn on_error_completion(&mut self, kind: WrKind, status: u32, reason: &str) -> bool {
         let n = self
             .shared
             .error_completions
             .fetch_add(1, Ordering::Relaxed)
             + 1;
-        let qp_in_error = status == WC_WR_FLUSH_ERR || self.shared.qp.in_error().unwrap_or(true);
+        let qp_in_error = self.qp_broken.is_some()
+            || status == WC_WR_FLUSH_ERR
+            || self.shared.qp.in_error().unwrap_or(true);
         if qp_in_error {
-            self.shared.fail(RdmaError::QpError {
-                device: self.shared.device().to_string(),
-                qpn: self.shared.qp.qpn(),
-                reason: reason.to_string(),
-            });
-            return false;
+            // The first error says why; the flushes that follow only repeat it.
+            self.qp_broken.get_or_insert_with(|| reason.to_string());
+            return match kind {
+                WrKind::Send { id, .. } => {
+                    self.shared.sends_failed.fetch_add(1, Ordering::Relaxed);
+                    let _ = self.out.push(TransportEvent::SendFailed { id });
+                    true
+                }
+                WrKind::Recv(_) => false,
+            };
         }
         if n.is_power_of_two() && n > self.error_completions_logged {
             self.error_completions_logged = n;
@@ -286,6 +301,13 @@ impl Poller {
             if ev.port.is_some_and(|p| p != self.shared.port) {
                 continue; // another port of this device
             }
+            if qp_recovery::async_event_breaks_qp_only(ev.ty) {
+                // Already mended by a drain that saw the flushes: nothing to do.
+                if self.shared.qp.in_error().unwrap_or(true) {
+                    self.recover(&format!("async event {}", ev.name));
+                }
+                continue;
+            }
             if ffi::async_event_is_fatal(ev.ty) {
                 let e = if ev.ty == ffi::EVENT_DEVICE_FATAL {
                     RdmaError::DeviceLost {
@@ -309,12 +331,15 @@ impl Poller {
                 _ => tracing::info!("rdma device {dev}: async event {}", ev.name),
             }
         }
+        if self.shared.failed.load(Ordering::Acquire) {
+            return;
+        }
         match self.shared.qp.in_error() {
-            Ok(true) => self.shared.fail(RdmaError::QpError {
-                device: dev.clone(),
-                qpn: self.shared.qp.qpn(),
-                reason: "ibv_query_qp reports IBV_QPS_ERR".into(),
-            }),
+            Ok(true) => {
+                if self.recover("ibv_query_qp reports IBV_QPS_ERR") {
+                    self.shared.notify.notify_one();
+                }
+            }
             Ok(false) => {}
             Err(e) => self.shared.fail(RdmaError::DeviceLost {
                 device: dev.clone(),
@@ -328,6 +353,77 @@ impl Poller {
                 reason: "gone from sysfs".into(),
             });
         }
+    }
+
+    /// Resets the QP that fell into the error state back to RTS in place (same QPN),
+    /// within the recovery budget; past it, or if the reset fails, the endpoint fails and
+    /// the agent re-opens it with back-off. Sends still in the CQ or the send queue are
+    /// lost (reported failed where the CQ names them); every receive slot is posted anew.
+    /// True when an event was queued.
+    pub(super) fn recover(&mut self, reason: &str) -> bool {
+        let (dev, qpn) = (self.shared.device().to_string(), self.shared.qp.qpn());
+        let fail = |why: String| RdmaError::QpError {
+            device: dev.clone(),
+            qpn,
+            reason: why,
+        };
+        if !self.recovery.try_take(Instant::now()) {
+            let budget = self.recovery.describe();
+            self.shared.fail(fail(format!(
+                "{reason}; in the error state again after {budget} in-place resets"
+            )));
+            return false;
+        }
+        let mut lost = 0u64;
+        {
+            // No send is posted meanwhile: the queue being emptied is the one counted.
+            let send = self.shared.lock_send();
+            if let Err(e) = self.shared.qp.reset_to_rts_ud(self.shared.port, QKEY) {
+                drop(send);
+                self.shared
+                    .fail(fail(format!("{reason}; reset in place failed: {e}")));
+                return false;
+            }
+            // What the CQ still holds predates the reset.
+            let mut batch = Vec::with_capacity(POLL_BATCH);
+            loop {
+                batch.clear();
+                let n = match self.shared.cq.poll(POLL_BATCH, &mut batch) {
+                    Ok(n) => n,
+                    Err(e) => {
+                        drop(send);
+                        self.shared.fail(e);
+                        return false;
+                    }
+                };
+                for (rec, _) in batch.drain(..) {
+                    if let WrKind::Send { id, .. } = WrKind::from_wr_id(rec.wr_id) {
+                        let _ = self.out.push(TransportEvent::SendFailed { id });
+                        lost += 1;
+                    }
+                }
+                if n < POLL_BATCH {
+                    break;
+                }
+            }
+            // RESET dropped the send queue: nothing posted is in flight any more.
+            self.shared
+                .sends_completed
+                .store(send.posted, Ordering::Release);
+        }
+        self.shared.sends_failed.fetch_add(lost, Ordering::Relaxed);
+        for slot in 0..self.recv_slots {
+            self.repost(Some(slot));
+        }
+        if self.shared.failed.load(Ordering::Acquire) {
+            return lost > 0;
+        }
+        self.shared.qp_recoveries.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(
+            "rdma device {dev}: QP {qpn} fell into the error state ({reason}); reset in place, same QPN, probing goes on ({} in-place resets so far)",
+            self.recovery.total()
+        );
+        lost > 0
     }
 
     /// Port down: the QP stays (it is not in error), sends fail at once with "port is

@@ -55,7 +55,13 @@ impl Qp {
             _cq: cq.clone(),
             _pd: pd.clone(),
         };
+        me.bring_up_ud(port, qkey)?;
+        Ok(me)
+    }
 
+    /// UD RESET -> INIT -> RTR -> RTS on `port` with `qkey`.
+    fn bring_up_ud(&self, port: u8, qkey: u32) -> Result<(), RdmaError> {
+        // SAFETY (each attr below): zeroed plain structs, filled before the call copies them.
         let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
         a.qp_state = ibv_qp_state::IBV_QPS_INIT;
         a.pkey_index = 0;
@@ -65,19 +71,33 @@ impl Qp {
             | ibv_qp_attr_mask::IBV_QP_PKEY_INDEX
             | ibv_qp_attr_mask::IBV_QP_PORT
             | ibv_qp_attr_mask::IBV_QP_QKEY;
-        me.modify(&mut a, mask, "ibv_modify_qp(INIT)")?;
+        self.modify(&mut a, mask, "ibv_modify_qp(INIT)")?;
         let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
         a.qp_state = ibv_qp_state::IBV_QPS_RTR;
-        me.modify(&mut a, ibv_qp_attr_mask::IBV_QP_STATE, "ibv_modify_qp(RTR)")?;
+        self.modify(&mut a, ibv_qp_attr_mask::IBV_QP_STATE, "ibv_modify_qp(RTR)")?;
         let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
         a.qp_state = ibv_qp_state::IBV_QPS_RTS;
         a.sq_psn = 0;
-        me.modify(
+        self.modify(
             &mut a,
             ibv_qp_attr_mask::IBV_QP_STATE | ibv_qp_attr_mask::IBV_QP_SQ_PSN,
             "ibv_modify_qp(RTS)",
+        )
+    }
+
+    /// A UD QP in the error state back to RTS in place (ERR -> RESET -> ... -> RTS): its
+    /// QPN stays, so peers' pinglists keep pointing at it. RESET empties both queues
+    /// (posted receives included: the caller posts them again).
+    pub fn reset_to_rts_ud(&self, port: u8, qkey: u32) -> Result<(), RdmaError> {
+        // SAFETY: zeroed plain struct, filled below.
+        let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = ibv_qp_state::IBV_QPS_RESET;
+        self.modify(
+            &mut a,
+            ibv_qp_attr_mask::IBV_QP_STATE,
+            "ibv_modify_qp(RESET)",
         )?;
-        Ok(me)
+        self.bring_up_ud(port, qkey)
     }
 
     /// An RC QP, left in RESET, with `send_wr` send slots of one SGE each (and one
