@@ -1,7 +1,6 @@
 //! TLS and mTLS on the controller listener, with certificates made by the openssl CLI.
 
 use std::path::Path;
-use std::process::Command;
 
 use rpingmesh_controller::telemetry::AnalyzerMetrics;
 use rpingmesh_controller::{start, ControllerConfig};
@@ -9,81 +8,9 @@ use rpingmesh_proto::operator::operator_service_client::OperatorServiceClient;
 use rpingmesh_proto::operator::ListViolationsRequest;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 
-fn openssl(dir: &Path, args: &[&str]) {
-    let st = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("run openssl");
-    assert!(
-        st.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&st.stderr)
-    );
-}
-
 /// CA, server cert (SAN 127.0.0.1/localhost) and client cert, all signed by the CA.
 fn make_pki(dir: &Path) {
-    openssl(
-        dir,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.pem",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=test-ca",
-        ],
-    );
-    std::fs::write(
-        dir.join("san.ext"),
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
-    )
-    .unwrap();
-    for name in ["server", "client"] {
-        openssl(
-            dir,
-            &[
-                "req",
-                "-newkey",
-                "rsa:2048",
-                "-nodes",
-                "-keyout",
-                &format!("{name}.key"),
-                "-out",
-                &format!("{name}.csr"),
-                "-subj",
-                &format!("/CN={name}"),
-            ],
-        );
-        openssl(
-            dir,
-            &[
-                "x509",
-                "-req",
-                "-in",
-                &format!("{name}.csr"),
-                "-CA",
-                "ca.pem",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-out",
-                &format!("{name}.pem"),
-                "-days",
-                "2",
-                "-extfile",
-                "san.ext",
-            ],
-        );
-    }
+    rpingmesh_test_pki::make_server_client_pki(dir).unwrap();
 }
 
 async fn call(addr: std::net::SocketAddr, tls: ClientTlsConfig) -> Result<(), String> {
@@ -103,7 +30,7 @@ async fn call(addr: std::net::SocketAddr, tls: ClientTlsConfig) -> Result<(), St
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_and_mtls_listeners() {
-    if Command::new("openssl").arg("version").output().is_err() {
+    if !rpingmesh_test_pki::have_openssl() {
         eprintln!("SKIP tls_and_mtls_listeners: openssl CLI not installed");
         return;
     }

@@ -1,5 +1,5 @@
-//! Test certificates made by the openssl CLI (as docs/operations.md does it), and TLS
-//! channels that show them.
+//! Test certificates (`rpingmesh-test-pki`: the openssl CLI, as docs/operations.md does
+//! it), and TLS channels that show them.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -8,83 +8,7 @@ use std::process::Command;
 use anyhow::{bail, Context, Result};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 
-/// One certificate to make: files `<name>.pem`/`<name>.key`, its subject, and its
-/// extensions (openssl `-extfile` lines).
-pub struct CertSpec<'a> {
-    pub name: &'a str,
-    pub subject: &'a str,
-    pub extensions: &'a str,
-}
-
-fn openssl(dir: &Path, args: &[&str]) -> Result<()> {
-    let out = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .context("run openssl")?;
-    if !out.status.success() {
-        bail!("openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    }
-    Ok(())
-}
-
-/// A CA (`ca.pem`, `ca.key`) and each certificate of `certs`, signed by it (P-256 keys).
-pub fn make_pki(dir: &Path, certs: &[CertSpec<'_>]) -> Result<()> {
-    let ec = [
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:P-256",
-        "-nodes",
-    ];
-    let mut ca = vec!["req", "-x509"];
-    ca.extend(ec);
-    ca.extend([
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.pem",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=test-ca",
-    ]);
-    openssl(dir, &ca)?;
-    for c in certs {
-        let (key, csr, pem, ext) = (
-            format!("{}.key", c.name),
-            format!("{}.csr", c.name),
-            format!("{}.pem", c.name),
-            format!("{}.ext", c.name),
-        );
-        std::fs::write(dir.join(&ext), format!("{}\n", c.extensions))?;
-        let mut req = vec!["req"];
-        req.extend(ec);
-        req.extend(["-keyout", &key, "-out", &csr, "-subj", c.subject]);
-        openssl(dir, &req)?;
-        openssl(
-            dir,
-            &[
-                "x509",
-                "-req",
-                "-in",
-                &csr,
-                "-CA",
-                "ca.pem",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-out",
-                &pem,
-                "-days",
-                "2",
-                "-extfile",
-                &ext,
-            ],
-        )?;
-    }
-    Ok(())
-}
+pub use rpingmesh_test_pki::{make_pki, CertSpec};
 
 /// An HTTPS GET (HTTP/1.1) to `addr`, its certificate checked against `ca.pem` in `dir`
 /// for `server_name`: (status, body).

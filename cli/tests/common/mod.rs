@@ -145,76 +145,10 @@ pub fn dead_addr() -> String {
     format!("127.0.0.1:{port}")
 }
 
-pub fn have_openssl() -> bool {
-    Command::new("openssl").arg("version").output().is_ok()
-}
-
-fn openssl(dir: &Path, args: &[&str]) {
-    let st = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("run openssl");
-    assert!(
-        st.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&st.stderr)
-    );
-}
+pub use rpingmesh_test_pki::have_openssl;
 
 /// In `dir`: ca.pem/ca.key, server.pem/server.key (SAN 127.0.0.1 and localhost) and
-/// client.pem/client.key, both signed by the CA (P-256 keys: quick to make).
+/// client.pem/client.key, both signed by the CA.
 pub fn make_pki(dir: &Path) {
-    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"];
-    let mut a = vec!["req", "-x509"];
-    a.extend(ec);
-    a.extend([
-        "-nodes",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.pem",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=test-ca",
-    ]);
-    openssl(dir, &a);
-    std::fs::write(
-        dir.join("san.ext"),
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
-    )
-    .unwrap();
-    for name in ["server", "client"] {
-        let (key, csr, pem, subj) = (
-            format!("{name}.key"),
-            format!("{name}.csr"),
-            format!("{name}.pem"),
-            format!("/CN={name}"),
-        );
-        let mut a = vec!["req"];
-        a.extend(ec);
-        a.extend(["-nodes", "-keyout", &key, "-out", &csr, "-subj", &subj]);
-        openssl(dir, &a);
-        openssl(
-            dir,
-            &[
-                "x509",
-                "-req",
-                "-in",
-                &csr,
-                "-CA",
-                "ca.pem",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-out",
-                &pem,
-                "-days",
-                "2",
-                "-extfile",
-                "san.ext",
-            ],
-        );
-    }
+    rpingmesh_test_pki::make_server_client_pki(dir).unwrap();
 }

@@ -7,11 +7,11 @@
 //! the openssl CLI in a scratch directory.
 
 use std::path::Path;
-use std::process::Command;
 use std::time::Instant;
 
 use rpingmesh_controller::telemetry::AnalyzerMetrics;
 use rpingmesh_controller::{start, ControllerConfig, ServerHandle};
+use rpingmesh_test_pki::CertSpec;
 use rpingmesh_proto::controller_agent::controller_service_client::ControllerServiceClient;
 use rpingmesh_proto::controller_agent::{
     PathSummary, PinglistRequest, PinglistType, ProbeAnalysisReport,
@@ -44,70 +44,21 @@ impl Drop for Scratch {
 /// The requester: its certificate names it, its one RNIC is `gid_of(AGENT)`.
 const AGENT: u64 = 7;
 
-fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("the openssl CLI (apt install openssl)");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 fn make_pki(dir: &Path) {
-    let ec = [
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:P-256",
-        "-nodes",
+    let agent_san = format!("subjectAltName=DNS:agent-{AGENT}");
+    let certs = [
+        CertSpec {
+            name: "server",
+            subject: "/CN=x",
+            extensions: "subjectAltName=IP:127.0.0.1",
+        },
+        CertSpec {
+            name: "agent",
+            subject: "/CN=x",
+            extensions: &agent_san,
+        },
     ];
-    let mut ca = vec!["req", "-x509"];
-    ca.extend(ec);
-    ca.extend([
-        "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=ca",
-    ]);
-    openssl(dir, &ca);
-    let agent_ext = format!("subjectAltName=DNS:agent-{AGENT}");
-    for (name, ext) in [
-        ("server", "subjectAltName=IP:127.0.0.1"),
-        ("agent", agent_ext.as_str()),
-    ] {
-        std::fs::write(dir.join(format!("{name}.ext")), format!("{ext}\n")).unwrap();
-        let (key, csr, pem, extf) = (
-            format!("{name}.key"),
-            format!("{name}.csr"),
-            format!("{name}.pem"),
-            format!("{name}.ext"),
-        );
-        let mut req = vec!["req"];
-        req.extend(ec);
-        req.extend(["-keyout", &key, "-out", &csr, "-subj", "/CN=x"]);
-        openssl(dir, &req);
-        openssl(
-            dir,
-            &[
-                "x509",
-                "-req",
-                "-in",
-                &csr,
-                "-CA",
-                "ca.pem",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-out",
-                &pem,
-                "-days",
-                "2",
-                "-extfile",
-                &extf,
-            ],
-        );
-    }
+    rpingmesh_test_pki::make_pki(dir, &certs).expect("test certificates (the openssl CLI)");
 }
 
 async fn server(dir: &Path, mode: &str) -> ServerHandle {

@@ -206,28 +206,8 @@ pub(crate) async fn rdma_faults(dir: &Path) -> Result<Value> {
     // 3. A datagram bigger than a receive slot, with our Q_Key, to the peer's QP.
     phases.insert("oversize", unix_ns_now());
     let stray = stray_datagrams(gid_index, peer_qpn, FAULT_OVERSIZE_BYTES, 3)?;
-    // Until a window that began after the stray datagrams shows the peer answering (a
-    // loaded host reports late: bounded by ten windows, not a fixed sleep).
-    let oversize_ns = phases["oversize"];
     let peer_gid = v4_gid(FAULT_IPS[1]);
-    let _ = wait_for(
-        Duration::from_secs(10 * FAULT_WINDOW_SEC),
-        Duration::from_millis(500),
-        || {
-            let (mut op, peer_gid) = (op.clone(), peer_gid.clone());
-            async move {
-                let ws = all_windows(&mut op).await.ok()?;
-                ws.iter()
-                    .any(|w| {
-                        w.target_gid == peer_gid
-                            && w.window_start_unix_ns >= oversize_ns + 1_000_000_000
-                            && w.probe_success > 0
-                    })
-                    .then_some(())
-            }
-        },
-    )
-    .await;
+    wait_answered_after(&op, &peer_gid, phases["oversize"]).await;
     let peer_qps_after = res_of_pid("qp", peer.pid());
 
     // 3b. The MTU raised under the running agents, then a datagram longer than the
@@ -246,25 +226,7 @@ pub(crate) async fn rdma_faults(dir: &Path) -> Result<Value> {
     })
     .await
     .is_some();
-    let overflow_ns = phases["overflow"];
-    let _ = wait_for(
-        Duration::from_secs(10 * FAULT_WINDOW_SEC),
-        Duration::from_millis(500),
-        || {
-            let (mut op, peer_gid) = (op.clone(), peer_gid.clone());
-            async move {
-                let ws = all_windows(&mut op).await.ok()?;
-                ws.iter()
-                    .any(|w| {
-                        w.target_gid == peer_gid
-                            && w.window_start_unix_ns >= overflow_ns + 1_000_000_000
-                            && w.probe_success > 0
-                    })
-                    .then_some(())
-            }
-        },
-    )
-    .await;
+    wait_answered_after(&op, &peer_gid, phases["overflow"]).await;
     let peer_qps_after_overflow = res_of_pid("qp", peer.pid());
     set_mtu(&[FAULT_NETDEVS[0], FAULT_NETDEVS[1]], 1500)?;
     phases.insert("end", unix_ns_now());
@@ -381,4 +343,33 @@ async fn wait_active_mtu(device: &str, want: u32) -> u32 {
     })
     .await
     .unwrap_or_else(read)
+}
+
+/// Waits until a window that began a second after `since_ns` shows `gid` answering (a
+/// loaded host reports late: bounded by ten windows, not a fixed sleep).
+async fn wait_answered_after(
+    op: &rpingmesh_proto::operator::operator_service_client::OperatorServiceClient<
+        tonic::transport::Channel,
+    >,
+    gid: &str,
+    since_ns: u64,
+) {
+    let _ = wait_for(
+        Duration::from_secs(10 * FAULT_WINDOW_SEC),
+        Duration::from_millis(500),
+        || {
+            let (mut op, gid) = (op.clone(), gid.to_string());
+            async move {
+                let ws = all_windows(&mut op).await.ok()?;
+                ws.iter()
+                    .any(|w| {
+                        w.target_gid == gid
+                            && w.window_start_unix_ns >= since_ns + 1_000_000_000
+                            && w.probe_success > 0
+                    })
+                    .then_some(())
+            }
+        },
+    )
+    .await;
 }
