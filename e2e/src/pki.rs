@@ -3,9 +3,8 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::Command;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 
 pub use rpingmesh_test_pki::{make_pki, CertSpec};

@@ -145,7 +145,9 @@ pub fn dead_addr() -> String {
     format!("127.0.0.1:{port}")
 }
 
-pub use rpingmesh_test_pki::have_openssl;
+pub fn have_openssl() -> bool {
+    rpingmesh_test_pki::have_openssl()
+}
 
 /// In `dir`: ca.pem/ca.key, server.pem/server.key (SAN 127.0.0.1 and localhost) and
 /// client.pem/client.key, both signed by the CA.

@@ -11,11 +11,11 @@ use std::time::Instant;
 
 use rpingmesh_controller::telemetry::AnalyzerMetrics;
 use rpingmesh_controller::{start, ControllerConfig, ServerHandle};
-use rpingmesh_test_pki::CertSpec;
 use rpingmesh_proto::controller_agent::controller_service_client::ControllerServiceClient;
 use rpingmesh_proto::controller_agent::{
     PathSummary, PinglistRequest, PinglistType, ProbeAnalysisReport,
 };
+use rpingmesh_test_pki::CertSpec;
 use serde_json::json;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 
