@@ -831,6 +831,14 @@ fn vm_rdma_port_down_pauses_one_rnic_and_it_resumes_without_a_reopen() {
     );
 }
 
+/// Whether a window that began a second after `t` (seconds into the scenario) has a
+/// probe the peer (FAULT_DEVICES[1]) answered.
+fn peer_answered_after(v: &Value, t: f64) -> bool {
+    fault_windows(v)
+        .iter()
+        .any(|w| w.dst == FAULT_DEVICES[1] && w.start_s >= t + 1.0 && w.ok > 0)
+}
+
 #[test]
 fn vm_rdma_oversized_datagram_leaves_the_endpoint_running() {
     if skip("vm_rdma_oversized_datagram_leaves_the_endpoint_running") {
@@ -859,12 +867,8 @@ fn vm_rdma_oversized_datagram_leaves_the_endpoint_running() {
         "{logs:?}"
     );
     let t = phase_s(v, "oversize");
-    let after: Vec<FaultWindow> = fault_windows(v)
-        .into_iter()
-        .filter(|w| w.dst == FAULT_DEVICES[1] && w.start_s >= t + 1.0)
-        .collect();
     assert!(
-        after.iter().any(|w| w.ok > 0),
+        peer_answered_after(v, t),
         "nobody probed the peer afterwards"
     );
 }
@@ -910,12 +914,8 @@ fn vm_rdma_qp_in_error_is_reset_in_place_with_its_qpn() {
     assert_eq!(qps[0]["state"], "RTS");
     // Its peers go on probing it at the QPN they know.
     let t = phase_s(v, "overflow");
-    let after: Vec<FaultWindow> = fault_windows(v)
-        .into_iter()
-        .filter(|w| w.dst == FAULT_DEVICES[1] && w.start_s >= t + 1.0)
-        .collect();
     assert!(
-        after.iter().any(|w| w.ok > 0),
+        peer_answered_after(v, t),
         "nobody reached the peer after its reset"
     );
 }
