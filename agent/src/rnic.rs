@@ -439,7 +439,7 @@ impl RnicDriver {
         tokio::pin!(sleep);
         let mut io_errors = 0u64;
         let mut armed_deadline = u64::MAX;
-        let mut ring_dropped = RingDropExport::default();
+        let mut rdma_stats = RdmaStatsExport::default();
         enum Wake {
             Shutdown,
             Io(std::io::Result<()>),
@@ -466,7 +466,7 @@ impl RnicDriver {
             state.follow_multiplier(now);
             state.send_due(&endpoint, now);
             if state.poll_timers(now) {
-                ring_dropped.export(&endpoint, &state.metrics);
+                rdma_stats.export(&endpoint, &state.metrics);
             }
             for (to, params) in state.lost_paths.drain(..) {
                 endpoint.note_loss(&to, &params);
@@ -522,7 +522,7 @@ impl RnicDriver {
                 Wake::Timer => {}
             }
         };
-        ring_dropped.export(&endpoint, &state.metrics);
+        rdma_stats.export(&endpoint, &state.metrics);
         match exit {
             DriverExit::Shutdown => state.flush_reports(true),
             DriverExit::TransportFailed(_) => {
@@ -538,18 +538,22 @@ impl RnicDriver {
     }
 }
 
-/// Exports the rdma endpoint's event-ring drops as a counter delta (the endpoint counts
-/// from 0 for its lifetime; a re-opened endpoint starts over with a fresh exporter).
+/// Exports the rdma endpoint's event-ring drops and in-place QP resets as counter deltas
+/// (the endpoint counts from 0 for its lifetime; a re-opened endpoint starts over with a
+/// fresh exporter).
 #[derive(Default)]
-struct RingDropExport {
-    exported: u64,
+struct RdmaStatsExport {
+    ring_dropped: u64,
+    qp_resets: u64,
 }
 
-impl RingDropExport {
+impl RdmaStatsExport {
     fn export(&mut self, ep: &Transport, metrics: &Metrics) {
         if let Some(st) = ep.rdma_stats() {
-            metrics.record_event_ring_dropped(st.event_ring_dropped.saturating_sub(self.exported));
-            self.exported = self.exported.max(st.event_ring_dropped);
+            metrics.record_event_ring_dropped(st.event_ring_dropped.saturating_sub(self.ring_dropped));
+            self.ring_dropped = self.ring_dropped.max(st.event_ring_dropped);
+            metrics.record_qp_resets(st.qp_recoveries.saturating_sub(self.qp_resets));
+            self.qp_resets = self.qp_resets.max(st.qp_recoveries);
         }
     }
 }

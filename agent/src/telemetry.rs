@@ -152,6 +152,7 @@ pub struct Metrics {
     drop_attrs: [[KeyValue; 1]; 5],
     transport_failures: Counter<u64>,
     event_ring_dropped: Counter<u64>,
+    qp_resets: Counter<u64>,
     tracer_ringbuf_dropped: Counter<u64>,
     rc_ring_rtt: Histogram<u64>,
     rc_ring_total: Counter<u64>,
@@ -170,6 +171,7 @@ impl Metrics {
         }
         m.transport_failures.add(0, &[]);
         m.event_ring_dropped.add(0, &[]);
+        m.qp_resets.add(0, &[]);
         m.tracer_ringbuf_dropped.add(0, &[]);
         m
     }
@@ -217,6 +219,12 @@ impl Metrics {
                 .u64_counter("rpingmesh.event_ring_dropped_total")
                 .with_description(
                     "Completion events dropped because the poller-to-agent queue was full (rdma)",
+                )
+                .build(),
+            qp_resets: meter
+                .u64_counter("rpingmesh.agent.qp_resets_total")
+                .with_description(
+                    "UD QPs found in the error state and reset in place, QPN unchanged (rdma)",
                 )
                 .build(),
             tracer_ringbuf_dropped: meter
@@ -298,6 +306,12 @@ impl Metrics {
     pub fn record_event_ring_dropped(&self, n: u64) {
         if n > 0 {
             self.event_ring_dropped.add(n, &[]);
+        }
+    }
+
+    pub fn record_qp_resets(&self, n: u64) {
+        if n > 0 {
+            self.qp_resets.add(n, &[]);
         }
     }
 

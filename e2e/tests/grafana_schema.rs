@@ -43,6 +43,7 @@ const OTHER_METRICS: &[&str] = &[
     "rpingmesh_agent_dropped_packets_total",
     "rpingmesh_agent_transport_failures_total",
     "rpingmesh_event_ring_dropped_total",
+    "rpingmesh_agent_qp_resets_total",
     "rpingmesh_agent_tracer_ringbuf_dropped_total",
     "rpingmesh_agent_cpu_seconds_total",
     "rpingmesh_agent_self_throttle",
