@@ -157,6 +157,8 @@ pub const FAULT_OVERSIZE_BYTES: u32 = 1024;
 /// Bytes of the datagram sent after the MTU is raised to 9000 (rxe: 4096): more than the
 /// peer's receive slots hold (GRH + the 1024 of the MTU it opened with).
 pub const FAULT_OVERFLOW_BYTES: u32 = 2048;
+/// The peer agent's Prometheus endpoint in the fault scenario.
+pub const FAULT_PEER_METRICS: &str = "127.0.0.1:9471";
 
 /// Hostping: four rxe devices behind one bridge, the RNICs of one host, checked by
 /// `rpingmesh-agent hostping --once`: healthy; one device's bridge port taken down

@@ -158,6 +158,13 @@ pub(crate) async fn rdma_faults(dir: &Path) -> Result<Value> {
         gid_index,
         &multi_extra,
     )?;
+    // The peer's /metrics shows its in-place QP resets (phase 3b).
+    let mut peer_extra = common.to_vec();
+    peer_extra.extend([
+        ("--metrics-enabled", "true".to_string()),
+        ("--metrics-exporter", "prometheus".into()),
+        ("--prometheus-listen-addr", FAULT_PEER_METRICS.to_string()),
+    ]);
     let mut peer = rdma_agent(
         dir,
         "peer",
@@ -165,7 +172,7 @@ pub(crate) async fn rdma_faults(dir: &Path) -> Result<Value> {
         &ctl,
         FAULT_DEVICES[1],
         gid_index,
-        &common,
+        &peer_extra,
     )?;
     // ghost + multi's two RNICs + peer's one.
     wait_rnics(&ctl.endpoint(), 4, Duration::from_secs(90)).await?;
@@ -228,6 +235,7 @@ pub(crate) async fn rdma_faults(dir: &Path) -> Result<Value> {
     .is_some();
     wait_answered_after(&op, &peer_gid, phases["overflow"]).await;
     let peer_qps_after_overflow = res_of_pid("qp", peer.pid());
+    let peer_qp_resets = counter_value(FAULT_PEER_METRICS, "rpingmesh_agent_qp_resets_total");
     set_mtu(&[FAULT_NETDEVS[0], FAULT_NETDEVS[1]], 1500)?;
     phases.insert("end", unix_ns_now());
 
@@ -279,6 +287,7 @@ pub(crate) async fn rdma_faults(dir: &Path) -> Result<Value> {
         "overflow": overflow,
         "overflow_reset_seen": reset_seen,
         "peer_qps_after_overflow": peer_qps_after_overflow,
+        "peer_qp_resets_metric": peer_qp_resets,
         "killed_before": before_kill,
         "killed_after": after_kill,
         "windows": windows,
@@ -372,4 +381,16 @@ async fn wait_answered_after(
         },
     )
     .await;
+}
+
+/// The value of counter `name` on the Prometheus endpoint at `addr` (None when the scrape
+/// fails or the series is absent).
+fn counter_value(addr: &str, name: &str) -> Option<f64> {
+    let (status, _, body) = http_get(addr.parse().ok()?, "/metrics", "text/plain").ok()?;
+    if status != 200 {
+        return None;
+    }
+    body.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
+        .find_map(|l| l.rsplit(' ').next()?.parse().ok())
 }

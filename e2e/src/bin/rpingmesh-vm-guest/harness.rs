@@ -205,6 +205,8 @@ pub(crate) fn rdma_agent(
         ("--hostping-enabled", "false".into()),
     ]
     .into_iter()
+    // A key in `extra` replaces the default (the agent refuses a flag given twice).
+    .filter(|(k, _)| !extra.iter().any(|(e, _)| e == k))
     .flat_map(|(k, v)| [k.to_string(), v])
     .collect();
     for (k, v) in extra {
