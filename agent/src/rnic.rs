@@ -550,7 +550,8 @@ struct RdmaStatsExport {
 impl RdmaStatsExport {
     fn export(&mut self, ep: &Transport, metrics: &Metrics) {
         if let Some(st) = ep.rdma_stats() {
-            metrics.record_event_ring_dropped(st.event_ring_dropped.saturating_sub(self.ring_dropped));
+            metrics
+                .record_event_ring_dropped(st.event_ring_dropped.saturating_sub(self.ring_dropped));
             self.ring_dropped = self.ring_dropped.max(st.event_ring_dropped);
             metrics.record_qp_resets(st.qp_recoveries.saturating_sub(self.qp_resets));
             self.qp_resets = self.qp_resets.max(st.qp_recoveries);

@@ -909,7 +909,10 @@ fn vm_rdma_qp_in_error_is_reset_in_place_with_its_qpn() {
         "{logs:#?}"
     );
     // ... counted where operators look.
-    assert_eq!(v["peer_qp_resets_metric"], 1.0, "rpingmesh_agent_qp_resets_total");
+    assert_eq!(
+        v["peer_qp_resets_metric"], 1.0,
+        "rpingmesh_agent_qp_resets_total"
+    );
     let qps = v["peer_qps_after_overflow"].as_array().unwrap();
     assert_eq!(qps.len(), 1, "{qps:?}");
     assert_eq!(qps[0]["lqpn"], v["peer_qpn"]);
