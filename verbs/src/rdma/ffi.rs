@@ -62,34 +62,58 @@ fn rc(device: &str, call: &'static str, r: i32) -> Result<(), RdmaError> {
     }
 }
 
+/// The RDMA device list from `ibv_get_device_list`, freed when dropped. A NULL list
+/// (ENOSYS and the like) is `NoDevices` with the reason its errno gives.
+pub(super) struct DeviceList {
+    list: NonNull<*mut ibv_device>,
+    n: usize,
+}
+
+impl DeviceList {
+    pub(super) fn get() -> Result<DeviceList, RdmaError> {
+        let mut n: i32 = 0;
+        // SAFETY: plain call; the list is freed by Drop.
+        let list = unsafe { ibv_get_device_list(&mut n) };
+        let Some(list) = NonNull::new(list) else {
+            let errno = io::Error::last_os_error().raw_os_error().unwrap_or(0);
+            return Err(RdmaError::NoDevices {
+                reason: device_list_null_reason(errno),
+            });
+        };
+        Ok(DeviceList {
+            list,
+            n: n.max(0) as usize,
+        })
+    }
+
+    /// Every device that has a name, with its name, in list order.
+    pub(super) fn named(&self) -> impl Iterator<Item = (*mut ibv_device, String)> + '_ {
+        (0..self.n)
+            // SAFETY: the list has `n` entries, valid while `self` lives.
+            .map_while(|i| NonNull::new(unsafe { *self.list.as_ptr().add(i) }))
+            .filter_map(|dev| {
+                // SAFETY: a listed device; its name is a NUL-terminated C string it owns
+                // (copied out here).
+                let name = unsafe { ibv_get_device_name(dev.as_ptr()) };
+                (!name.is_null()).then(|| {
+                    let name = unsafe { CStr::from_ptr(name) };
+                    (dev.as_ptr(), name.to_string_lossy().into_owned())
+                })
+            })
+    }
+}
+
+impl Drop for DeviceList {
+    fn drop(&mut self) {
+        // SAFETY: the list came from ibv_get_device_list and is freed once; contexts
+        // opened from its devices stay valid afterwards.
+        unsafe { ibv_free_device_list(self.list.as_ptr()) };
+    }
+}
+
 /// Names of all RDMA devices. NULL (ENOSYS etc.) or an empty list is `NoDevices`.
 pub fn device_names() -> Result<Vec<String>, RdmaError> {
-    let mut n: i32 = 0;
-    // SAFETY: plain call; the list is freed below before returning.
-    let list = unsafe { ibv_get_device_list(&mut n) };
-    if list.is_null() {
-        let errno = io::Error::last_os_error().raw_os_error().unwrap_or(0);
-        return Err(RdmaError::NoDevices {
-            reason: device_list_null_reason(errno),
-        });
-    }
-    let mut names = Vec::new();
-    for i in 0..n.max(0) as usize {
-        // SAFETY: `list` has `n` valid entries; names are NUL-terminated C strings owned
-        // by the device (copied out before the list is freed).
-        unsafe {
-            let dev = *list.add(i);
-            if dev.is_null() {
-                break;
-            }
-            let name = ibv_get_device_name(dev);
-            if !name.is_null() {
-                names.push(CStr::from_ptr(name).to_string_lossy().into_owned());
-            }
-        }
-    }
-    // SAFETY: `list` came from ibv_get_device_list and is freed once.
-    unsafe { ibv_free_device_list(list) };
+    let names: Vec<String> = DeviceList::get()?.named().map(|(_, n)| n).collect();
     if names.is_empty() {
         return Err(RdmaError::NoDevices {
             reason: "ibv_get_device_list returned an empty list".into(),

@@ -38,59 +38,36 @@ pub struct DeviceCaps {
 
 impl Context {
     pub fn open(name: &str) -> Result<Arc<Context>, RdmaError> {
-        let mut n: i32 = 0;
-        // SAFETY: as in device_names; the list is freed on every path below.
-        let list = unsafe { ibv_get_device_list(&mut n) };
-        if list.is_null() {
-            let errno = io::Error::last_os_error().raw_os_error().unwrap_or(0);
+        let list = DeviceList::get()?;
+        let mut found = Vec::new();
+        for (dev, dn) in list.named() {
+            if dn == name {
+                // SAFETY: a listed device; the context outlives the list.
+                let ctx = unsafe { ibv_open_device(dev) };
+                let Some(ctx) = NonNull::new(ctx) else {
+                    return Err(verbs_err(
+                        name,
+                        "ibv_open_device",
+                        io::Error::last_os_error(),
+                    ));
+                };
+                return Ok(Arc::new(Context {
+                    ctx,
+                    name: name.to_string(),
+                    owned: true,
+                }));
+            }
+            found.push(dn);
+        }
+        if found.is_empty() {
             return Err(RdmaError::NoDevices {
-                reason: device_list_null_reason(errno),
+                reason: "ibv_get_device_list returned an empty list".into(),
             });
         }
-        let mut found = Vec::new();
-        let mut ctx = ptr::null_mut();
-        let mut open_err = None;
-        for i in 0..n.max(0) as usize {
-            // SAFETY: `list` has `n` entries, valid until freed.
-            unsafe {
-                let dev = *list.add(i);
-                if dev.is_null() {
-                    break;
-                }
-                let dn = ibv_get_device_name(dev);
-                if dn.is_null() {
-                    continue; // a device without a name cannot be the one asked for
-                }
-                let dn = CStr::from_ptr(dn).to_string_lossy().into_owned();
-                if dn == name {
-                    ctx = ibv_open_device(dev);
-                    if ctx.is_null() {
-                        open_err = Some(io::Error::last_os_error());
-                    }
-                    break;
-                }
-                found.push(dn);
-            }
-        }
-        // SAFETY: freed once; an opened context stays valid after the list is freed.
-        unsafe { ibv_free_device_list(list) };
-        if let Some(e) = open_err {
-            return Err(verbs_err(name, "ibv_open_device", e));
-        }
-        match NonNull::new(ctx) {
-            Some(ctx) => Ok(Arc::new(Context {
-                ctx,
-                name: name.to_string(),
-                owned: true,
-            })),
-            None if found.is_empty() => Err(RdmaError::NoDevices {
-                reason: "ibv_get_device_list returned an empty list".into(),
-            }),
-            None => Err(RdmaError::NoAllowedDevice {
-                allowed: vec![name.to_string()],
-                found,
-            }),
-        }
+        Err(RdmaError::NoAllowedDevice {
+            allowed: vec![name.to_string()],
+            found,
+        })
     }
 
     pub fn name(&self) -> &str {
