@@ -196,9 +196,7 @@ impl Poller {
             }
         }
         if let Some(reason) = self.qp_broken.take() {
-            if self.recover(&reason) {
-                delivered = true;
-            }
+            self.recover(&reason);
         }
         if delivered {
             self.shared.notify.notify_one();
@@ -336,9 +334,7 @@ impl Poller {
         }
         match self.shared.qp.in_error() {
             Ok(true) => {
-                if self.recover("ibv_query_qp reports IBV_QPS_ERR") {
-                    self.shared.notify.notify_one();
-                }
+                self.recover("ibv_query_qp reports IBV_QPS_ERR");
             }
             Ok(false) => {}
             Err(e) => self.shared.fail(RdmaError::DeviceLost {
@@ -358,9 +354,9 @@ impl Poller {
     /// Resets the QP that fell into the error state back to RTS in place (same QPN),
     /// within the recovery budget; past it, or if the reset fails, the endpoint fails and
     /// the agent re-opens it with back-off. Sends still in the CQ or the send queue are
-    /// lost (reported failed where the CQ names them); every receive slot is posted anew.
-    /// True when an event was queued.
-    pub(super) fn recover(&mut self, reason: &str) -> bool {
+    /// lost (reported failed where the CQ names them, and the agent woken for them);
+    /// every receive slot is posted anew.
+    pub(super) fn recover(&mut self, reason: &str) {
         let (dev, qpn) = (self.shared.device().to_string(), self.shared.qp.qpn());
         let fail = |why: String| RdmaError::QpError {
             device: dev.clone(),
@@ -372,7 +368,7 @@ impl Poller {
             self.shared.fail(fail(format!(
                 "{reason}; in the error state again after {budget} in-place resets"
             )));
-            return false;
+            return;
         }
         let mut lost = 0u64;
         {
@@ -382,7 +378,7 @@ impl Poller {
                 drop(send);
                 self.shared
                     .fail(fail(format!("{reason}; reset in place failed: {e}")));
-                return false;
+                return;
             }
             // What the CQ still holds predates the reset.
             let mut batch = Vec::with_capacity(POLL_BATCH);
@@ -393,7 +389,7 @@ impl Poller {
                     Err(e) => {
                         drop(send);
                         self.shared.fail(e);
-                        return false;
+                        return;
                     }
                 };
                 for (rec, _) in batch.drain(..) {
@@ -412,18 +408,20 @@ impl Poller {
                 .store(send.posted, Ordering::Release);
         }
         self.shared.sends_failed.fetch_add(lost, Ordering::Relaxed);
+        if lost > 0 {
+            self.shared.notify.notify_one();
+        }
         for slot in 0..self.recv_slots {
             self.repost(Some(slot));
         }
         if self.shared.failed.load(Ordering::Acquire) {
-            return lost > 0;
+            return;
         }
         self.shared.qp_recoveries.fetch_add(1, Ordering::Relaxed);
         tracing::warn!(
             "rdma device {dev}: QP {qpn} fell into the error state ({reason}); reset in place, same QPN, probing goes on ({} in-place resets so far)",
             self.recovery.total()
         );
-        lost > 0
     }
 
     /// Port down: the QP stays (it is not in error), sends fail at once with "port is
