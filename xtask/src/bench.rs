@@ -19,12 +19,14 @@ use crate::is_root;
 use crate::procs::{self, Proc};
 
 mod footprint;
+mod footprint_report;
 mod lines;
 mod report;
 
 #[cfg(test)]
-use footprint::{cpu_ticks, rss_kib};
+use footprint::{cpu_ticks, floor_counts, rss_kib};
 use footprint::{footprint_run, median_f, unix_ns, Footprint};
+use footprint_report::{footprint_checks, footprint_section, FOOTPRINT_HEADING};
 #[cfg(test)]
 use lines::median_lines;
 use lines::{fuzz_lines, json_bench, json_table, recorded_lines, Line};
@@ -39,7 +41,8 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 600)]
     soak_sec: u64,
     /// Re-measure one JSON bench binary (e.g. sim-eval), or the soft-RoCE guest's benches
-    /// (vm-rdma), and replace its section and its rows of the summary in the existing
+    /// (vm-rdma), or the agent footprint (footprint), and replace its section and its rows
+    /// of the summary in the existing
     /// BENCHMARKS.md, leaving the rest as measured.
     #[arg(long)]
     section: Option<String>,
@@ -169,7 +172,12 @@ fn run_section(
     );
     let spliced = format!("{}{}{}", &md[..start], section, &md[end..]);
     // Summary rows: the ones this bench's lines produce are replaced (same "what").
-    let rows = target_checks(&lines);
+    write_spliced(&path, &spliced, target_checks(&lines), bin)
+}
+
+/// Writes BENCHMARKS.md as `spliced` with the summary rows named like `rows` replaced by
+/// them; fails when one of them misses its target.
+fn write_spliced(path: &Path, spliced: &str, rows: Vec<report::Check>, what: &str) -> Result<()> {
     let mut out: Vec<String> = Vec::new();
     let (mut in_summary, mut inserted) = (false, false);
     for l in spliced.lines() {
@@ -200,9 +208,9 @@ fn run_section(
         bail!("no summary table in BENCHMARKS.md: run the whole bench");
     }
     let out = out.join("\n") + "\n";
-    std::fs::write(&path, &out).with_context(|| format!("writing {}", path.display()))?;
+    std::fs::write(path, &out).with_context(|| format!("writing {}", path.display()))?;
     eprintln!(
-        "xtask bench: replaced the {bin} section and its summary rows in {}",
+        "xtask bench: replaced the {what} section and its summary rows in {}",
         path.display()
     );
     let missed: Vec<&String> = rows.iter().filter(|r| !r.4).map(|r| &r.0).collect();
@@ -212,7 +220,42 @@ fn run_section(
     Ok(())
 }
 
+/// `--section footprint`: the agent footprint runs alone, spliced in like a section.
+fn run_footprint_section(runs: usize) -> Result<()> {
+    let path = crate::root().join("BENCHMARKS.md");
+    let md =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let start = md
+        .find(FOOTPRINT_HEADING)
+        .context("no footprint section in BENCHMARKS.md: run the whole bench")?;
+    let end = md[start + FOOTPRINT_HEADING.len()..]
+        .find("\n## ")
+        .map_or(md.len(), |i| start + FOOTPRINT_HEADING.len() + i + 1);
+    release_build()?;
+    let footprint = measure_footprint(runs);
+    let section = format!(
+        "{}_Re-measured alone with `cargo xtask bench --section footprint` on {}._\n\n",
+        footprint_section(&footprint),
+        today()
+    );
+    let spliced = format!("{}{}{}", &md[..start], section, &md[end..]);
+    write_spliced(&path, &spliced, footprint_checks(&footprint?), "footprint")
+}
+
+fn measure_footprint(runs: usize) -> Result<Vec<Footprint>> {
+    (0..runs)
+        .map(|i| {
+            eprintln!("xtask bench: agent footprint, run {}/{runs}", i + 1);
+            footprint_run()
+        })
+        .collect()
+}
+
 pub fn run(a: BenchArgs) -> Result<()> {
+    let runs = if a.quick { 1 } else { 3 };
+    if a.section.as_deref() == Some("footprint") {
+        return run_footprint_section(runs);
+    }
     if let Some(bin) = &a.section {
         return run_section(
             bin,
@@ -221,7 +264,6 @@ pub fn run(a: BenchArgs) -> Result<()> {
             a.lines_from.as_deref(),
         );
     }
-    let runs = if a.quick { 1 } else { 3 };
     let mut failures = Vec::new();
     release_build()?;
     // Before the footprint runs, which must not share the CPUs with anything.
@@ -276,12 +318,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         failures.push(format!("fuzz: {e:#}"));
     }
     sections.push(("fuzz", fuzz));
-    let footprint = (0..runs)
-        .map(|i| {
-            eprintln!("xtask bench: agent footprint, run {}/{runs}", i + 1);
-            footprint_run()
-        })
-        .collect::<Result<Vec<_>>>();
+    let footprint = measure_footprint(runs);
     if let Err(e) = &footprint {
         eprintln!("xtask bench: footprint failed: {e:#}");
         failures.push(format!("footprint: {e:#}"));

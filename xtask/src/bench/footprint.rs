@@ -1,5 +1,7 @@
 //! The agent footprint bench: CPU and RSS of one agent probing 64 targets at 10/s each
-//! over udp, with the probes it really sent.
+//! over udp, with the probes it really sent, and in the same run the CPU of probe-floor
+//! sending the same datagrams through the same transport with no agent around them (what
+//! the kernel charges for the traffic itself: the agent's part is the ratio).
 
 use super::*;
 
@@ -10,6 +12,64 @@ pub struct Footprint {
     pub(super) probes_per_sec: f64,
     pub(super) targets_probed: usize,
     pub(super) sleep_rss_mib: f64,
+    /// probe-floor's CPU over the same responder, right after the agent's sample.
+    pub(super) floor_cpu_pct: f64,
+}
+
+/// CPU (% of one core) of `pid` over `SAMPLE`, and its VmRSS (KiB) sampled each second.
+fn sample_cpu(pid: u32) -> Result<(f64, Vec<u64>)> {
+    let t0 = Instant::now();
+    let c0 = cpu_ticks(pid)?;
+    let mut rss = Vec::new();
+    while t0.elapsed() < SAMPLE {
+        std::thread::sleep(Duration::from_secs(1));
+        rss.push(rss_kib(pid)?);
+    }
+    let c1 = cpu_ticks(pid)?;
+    let hz = procfs::ticks_per_second() as f64;
+    Ok((
+        (c1 - c0) as f64 / hz / t0.elapsed().as_secs_f64() * 100.0,
+        rss,
+    ))
+}
+
+/// The last `floor sent=N acks=M` line probe-floor printed.
+pub(super) fn floor_counts(log: &str) -> Option<(u64, u64)> {
+    let l = log.lines().rev().find(|l| l.starts_with("floor sent="))?;
+    let mut it = l
+        .split_whitespace()
+        .skip(1)
+        .map(|kv| kv.split_once('=').map(|(_, v)| v));
+    let sent = it.next()??.parse().ok()?;
+    let acks = it.next()??.parse().ok()?;
+    Some((sent, acks))
+}
+
+/// probe-floor in place of the measured agent (same address, same targets, same round):
+/// its CPU over `SAMPLE`, checked to have had every probe answered by both ACKs.
+fn floor_run(dir: &Path, responders: &[String], all: &mut Vec<Proc>) -> Result<f64> {
+    let mut args = vec!["127.0.3.1:18515".to_string(), "100".to_string()];
+    args.extend(responders.iter().map(|a| format!("{a}:18515")));
+    all.push(Proc::spawn(
+        dir,
+        "probe-floor",
+        &procs::release_bin("probe-floor")?,
+        &args,
+    )?);
+    let i = all.len() - 1;
+    std::thread::sleep(Duration::from_secs(3));
+    check_alive(all)?;
+    let before = floor_counts(&all[i].log_text())
+        .with_context(|| format!("probe-floor printed no counts:\n{}", all[i].log_tail(10)))?;
+    let (cpu, _) = sample_cpu(all[i].pid())?;
+    check_alive(all)?;
+    let after = floor_counts(&all[i].log_text()).context("probe-floor stopped counting")?;
+    let (sent, acks) = (after.0 - before.0, after.1 - before.1);
+    if sent == 0 || (acks as f64) < 1.9 * sent as f64 {
+        bail!("probe-floor: {acks} ACKs for {sent} probes (two per probe expected)");
+    }
+    all[i].stop();
+    Ok(cpu)
 }
 
 /// utime + stime of a process, in clock ticks.
@@ -128,20 +188,10 @@ pub(super) fn footprint_run() -> Result<Footprint> {
             .spawn()
             .context("starting the `sleep` baseline")?;
         let start_unix = unix_ns();
-        let t0 = Instant::now();
-        let c0 = cpu_ticks(pid)?;
-        let mut rss = Vec::new();
-        while t0.elapsed() < SAMPLE {
-            std::thread::sleep(Duration::from_secs(1));
-            rss.push(rss_kib(pid)?);
-        }
-        let c1 = cpu_ticks(pid)?;
-        let wall = t0.elapsed().as_secs_f64();
+        let (cpu_pct, mut rss) = sample_cpu(pid)?;
         let sleep_rss = rss_kib(sleeper.id()).unwrap_or(0);
         let _ = sleeper.kill();
         let _ = sleeper.wait();
-        let hz = procfs::ticks_per_second() as f64;
-        let cpu_pct = (c1 - c0) as f64 / hz / wall * 100.0;
         rss.sort_unstable();
         let rss_med = rss[rss.len() / 2];
         let (rate, targets) = rt.block_on(probe_rate(addr, start_unix))?;
@@ -154,12 +204,16 @@ pub(super) fn footprint_run() -> Result<Footprint> {
                 );
             }
         }
+        // The floor takes the measured agent's address: the agent goes first.
+        all.remove(2).stop();
+        let floor_cpu_pct = floor_run(dir, &responders, &mut all)?;
         let f = Footprint {
             cpu_pct,
             rss_mib: rss_med as f64 / 1024.0,
             probes_per_sec: rate,
             targets_probed: targets,
             sleep_rss_mib: sleep_rss as f64 / 1024.0,
+            floor_cpu_pct,
         };
         eprintln!("  {f:?}");
         Ok(f)

@@ -56,60 +56,7 @@ pub(super) fn render_markdown(
     );
 
     s += &summary_table(sections, footprint, soak);
-    s += "## Agent footprint: 64 targets at 10 probes/s each over udp (loopback)\n\n";
-    s += "A responder-only agent hosts 64 pseudo-RNICs (127.0.2.1-64, ToR t1); the measured \
-          agent (127.0.3.1, ToR t1, probe interval 100 ms, ToR-mesh rate 10/s) probes all \
-          of them. CPU is utime+stime from /proc/<pid>/stat over 20 s after warm-up, RSS \
-          is VmRSS (median of 1 s samples).\n\n";
-    match footprint {
-        Ok(runs) if !runs.is_empty() => {
-            let cpu = median_f(runs.iter().map(|r| r.cpu_pct).collect());
-            let rss = median_f(runs.iter().map(|r| r.rss_mib).collect());
-            let rate = median_f(runs.iter().map(|r| r.probes_per_sec).collect());
-            let sleep = median_f(runs.iter().map(|r| r.sleep_rss_mib).collect());
-            let targets = runs.iter().map(|r| r.targets_probed).min().unwrap_or(0);
-            let want_rate = TARGETS as f64 * RATE_PER_TARGET;
-            s += "| metric | measured | target | ratio to target |\n|---|---|---|---|\n";
-            let _ = writeln!(
-                s,
-                "| CPU, % of one core | {cpu:.3} | < {CPU_TARGET_PCT} | {:.2} ({}) |",
-                cpu / CPU_TARGET_PCT,
-                verdict(cpu < CPU_TARGET_PCT)
-            );
-            let _ = writeln!(
-                s,
-                "| RSS (VmRSS) | {rss:.1} MiB | < {RSS_TARGET_MIB} MiB | {:.2} ({}) |",
-                rss / RSS_TARGET_MIB,
-                verdict(rss < RSS_TARGET_MIB)
-            );
-            let _ = writeln!(
-                s,
-                "| probes/s achieved (all targets) | {rate:.0} | {want_rate:.0} | {:.2} |",
-                rate / want_rate
-            );
-            let _ = writeln!(
-                s,
-                "| targets probed (min over runs) | {targets} | {TARGETS} | |"
-            );
-            let _ = writeln!(s, "| baseline: RSS of `sleep` | {sleep:.1} MiB | | |\n");
-            s += "Per run: ";
-            let per: Vec<String> = runs
-                .iter()
-                .map(|r| {
-                    format!(
-                        "CPU {:.3}% / RSS {:.1} MiB / {:.0} probes/s",
-                        r.cpu_pct, r.rss_mib, r.probes_per_sec
-                    )
-                })
-                .collect();
-            s += &per.join("; ");
-            s += ".\n\n";
-        }
-        Ok(_) => s += "No runs.\n\n",
-        Err(e) => {
-            let _ = writeln!(s, "**Failed:** {e:#}\n");
-        }
-    }
+    s += &footprint_section(footprint);
 
     for (bin, res) in sections {
         let what = section_intro(bin);
@@ -389,24 +336,7 @@ pub(super) fn summary_table(
 ) -> String {
     let mut rows: Vec<Check> = Vec::new();
     if let Ok(runs) = footprint {
-        if !runs.is_empty() {
-            let cpu = median_f(runs.iter().map(|r| r.cpu_pct).collect());
-            let rss = median_f(runs.iter().map(|r| r.rss_mib).collect());
-            rows.push((
-                "agent CPU, 64 targets x 10/s".into(),
-                format!("{cpu:.3}% of a core"),
-                format!("< {CPU_TARGET_PCT}%"),
-                cpu / CPU_TARGET_PCT,
-                cpu < CPU_TARGET_PCT,
-            ));
-            rows.push((
-                "agent RSS, 64 targets x 10/s".into(),
-                format!("{rss:.1} MiB"),
-                format!("< {RSS_TARGET_MIB} MiB"),
-                rss / RSS_TARGET_MIB,
-                rss < RSS_TARGET_MIB,
-            ));
-        }
+        rows.extend(footprint_checks(runs));
     }
     for (_, res) in sections {
         if let Ok(lines) = res {

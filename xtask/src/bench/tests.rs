@@ -62,3 +62,34 @@ fn medians_match_lines_by_their_string_fields() {
     assert!(t.starts_with("| bench | n | v |"), "{t}");
     assert!(t.contains("| x | 3 |  |"), "{t}");
 }
+
+#[test]
+fn the_floor_counts_are_its_last_line() {
+    let log = "floor sent=64 acks=100\nsome warning\nfloor sent=640 acks=1280\n";
+    assert_eq!(floor_counts(log), Some((640, 1280)));
+    assert_eq!(floor_counts("nothing yet\n"), None);
+    assert_eq!(floor_counts("floor sent=x acks=1\n"), None);
+}
+
+#[test]
+fn the_footprint_rows_carry_the_floor() {
+    let run = |cpu, floor| Footprint {
+        cpu_pct: cpu,
+        rss_mib: 11.0,
+        probes_per_sec: 640.0,
+        targets_probed: 64,
+        sleep_rss_mib: 1.7,
+        floor_cpu_pct: floor,
+    };
+    let runs = vec![run(0.4, 0.2), run(0.6, 0.4), run(0.45, 0.3)];
+    let rows = footprint_checks(&runs);
+    assert_eq!(rows[0].1, "0.450% of a core (probe-floor 0.300%)");
+    assert!(rows[0].4 && rows[1].4);
+    let s = footprint_section(&Ok(runs));
+    assert!(s.starts_with(FOOTPRINT_HEADING), "{s}");
+    assert!(
+        s.contains("| agent CPU / probe-floor CPU (median of the runs' ratios) | 1.50 |"),
+        "{s}"
+    );
+    assert!(footprint_checks(&[]).is_empty());
+}
