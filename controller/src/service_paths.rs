@@ -546,25 +546,15 @@ impl ServicePathTable {
             if !is_active(r, now_sec, active_threshold_sec) {
                 continue;
             }
+            // The remote RNIC's probe responder (its QPN, not the service QP's), on
+            // exactly the service's path: one label, no rotation set.
             out.push(PingTarget {
-                target_gid: r.gid.clone(),
-                // The remote RNIC's probe responder, not the service QP.
-                target_qpn: r.qpn,
-                target_ip: r.ip_address.clone(),
-                target_hostname: r.host_name.clone(),
-                target_tor_id: r.tor_id.clone(),
-                target_device_name: r.device_name.clone(),
-                source_port: 0,
                 flow_label: label,
-                priority: 0,
-                // Exactly the service's path: one label, no rotation set.
-                flow_label_count: 1,
                 flow_label_seed: label,
-                pinglist_type: PinglistType::Service as i32,
                 traffic_class: tc,
                 service_level: sl,
                 service: service.to_string(),
-                flow_labels: Vec::new(),
+                ..crate::pinglist::make_target(r, PinglistType::Service, 1, "")
             });
         }
         out

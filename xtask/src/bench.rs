@@ -75,29 +75,20 @@ const SAMPLE: Duration = Duration::from_secs(20);
 
 /// The release build every bench binary comes from.
 fn release_build() -> Result<()> {
-    let mut build = crate::cargo();
     // The rdma features too: the VM bench runs these binaries against soft-RoCE.
-    build.args([
-        "build",
-        "--release",
-        "-p",
-        "rpingmesh-controller",
-        "-p",
-        "rpingmesh-agent",
-        "-p",
-        "rpingmesh-verbs",
-        "-p",
-        "rpingmesh-e2e",
-        "-p",
-        "rdma-qp-churn",
-        "-p",
-        "rpingmesh-sim",
-        "-p",
-        "rpingmesh-rc-ring",
-        "--features",
-        crate::TEST_FEATURES,
-    ]);
-    crate::run_streamed(build, "cargo build --release (controller, agent, benches)")?;
+    crate::cargo_release(
+        &[
+            "rpingmesh-controller",
+            "rpingmesh-agent",
+            "rpingmesh-verbs",
+            "rpingmesh-e2e",
+            "rdma-qp-churn",
+            "rpingmesh-sim",
+            "rpingmesh-rc-ring",
+        ],
+        &["--features", crate::TEST_FEATURES],
+        "controller, agent, benches",
+    )?;
     Ok(())
 }
 

@@ -172,20 +172,11 @@ pub fn run(a: DemoArgs) -> Result<()> {
     if a.agents > 254 {
         bail!("--agents must be at most 254");
     }
-    let mut build = crate::cargo();
-    build.args([
-        "build",
-        "--release",
-        "-p",
-        "rpingmesh-controller",
-        "-p",
-        "rpingmesh-agent",
-        "--bin",
-        "rpingmesh-controller",
-        "--bin",
-        "rpingmesh-agent",
-    ]);
-    crate::run_streamed(build, "cargo build --release (controller, agent)")?;
+    crate::cargo_release(
+        &["rpingmesh-controller", "rpingmesh-agent"],
+        &["--bin", "rpingmesh-controller", "--bin", "rpingmesh-agent"],
+        "controller, agent",
+    )?;
     let controller_bin = procs::release_bin("rpingmesh-controller")?;
     let agent_bin = procs::release_bin("rpingmesh-agent")?;
 

@@ -396,6 +396,18 @@ fn test_stages(stages: &mut stages::Stages) -> Result<()> {
     Ok(())
 }
 
+/// `cargo build --release -p P...` plus `extra` (features, bins), streamed; `what` names it
+/// in the log.
+pub(crate) fn cargo_release(packages: &[&str], extra: &[&str], what: &str) -> Result<()> {
+    let mut build = cargo();
+    build.args(["build", "--release"]);
+    for p in packages {
+        build.args(["-p", p]);
+    }
+    build.args(extra);
+    run_streamed(build, &format!("cargo build --release ({what})"))
+}
+
 /// Builds every target with the test features (the e2e and VM tests run the binaries).
 pub(crate) fn build_for_tests() -> Result<()> {
     let mut build = cargo();

@@ -127,22 +127,16 @@ pub fn build(out: Option<&Path>) -> Result<Vec<PathBuf>> {
     let root = root();
     // The embedded eBPF object: service-tracer's build script takes it when it exists.
     crate::build_ebpf::build_ebpf(&root)?;
-    let mut build = crate::cargo();
-    build.args([
-        "build",
-        "--release",
-        "-p",
-        "rpingmesh-agent",
-        "-p",
-        "rpingmesh-verbs",
-        "-p",
-        "rpingmesh-controller",
-        "-p",
-        "rpingmesh-cli",
-        "--features",
-        FEATURES,
-    ]);
-    run_streamed(build, "cargo build --release (packaged binaries)")?;
+    crate::cargo_release(
+        &[
+            "rpingmesh-agent",
+            "rpingmesh-verbs",
+            "rpingmesh-controller",
+            "rpingmesh-cli",
+        ],
+        &["--features", FEATURES],
+        "packaged binaries",
+    )?;
     let version = workspace_version(&root)?;
     let arch = dpkg_arch()?;
     let out = out

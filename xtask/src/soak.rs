@@ -15,16 +15,11 @@ pub struct SoakArgs {
 }
 
 pub fn run(a: SoakArgs) -> Result<()> {
-    let mut build = crate::cargo();
-    build.args([
-        "build",
-        "--release",
-        "-p",
-        "rpingmesh-controller",
-        "-p",
-        "rpingmesh-agent",
-    ]);
-    crate::run_streamed(build, "cargo build --release (controller, agent)")?;
+    crate::cargo_release(
+        &["rpingmesh-controller", "rpingmesh-agent"],
+        &[],
+        "controller, agent",
+    )?;
     let report = measure(Duration::from_secs(a.duration))?;
     println!("{}", report.markdown());
     let failures = report.target_failures();

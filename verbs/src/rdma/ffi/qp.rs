@@ -260,9 +260,29 @@ impl Qp {
         wr_id: u64,
     ) -> Result<(), RdmaError> {
         assert!(off + len <= mr.len, "send slot outside its MR");
+        self.post_signalled(mr, off, len, wr_id, ibv_wr_opcode::IBV_WR_SEND, |wr| {
+            wr.wr.ud = ud_t {
+                ah: ah.ah.as_ptr(),
+                remote_qpn,
+                remote_qkey: qkey,
+            }
+        })
+    }
+
+    /// Posts one signalled work request with one SGE over `mr[off..off+len]`; `remote`
+    /// fills the opcode's part of the WR (the UD address, the RDMA target).
+    fn post_signalled(
+        &self,
+        mr: &Mr,
+        off: usize,
+        len: usize,
+        wr_id: u64,
+        opcode: ibv_wr_opcode::Type,
+        remote: impl FnOnce(&mut ibv_send_wr),
+    ) -> Result<(), RdmaError> {
         let mut sge = ibv_sge {
             addr: mr.addr(off),
-            length: len as u32,
+            length: u32::try_from(len).expect("work request length fits in u32"),
             lkey: mr.lkey(),
         };
         // SAFETY: zeroed plain struct (unions included), filled below.
@@ -270,15 +290,13 @@ impl Qp {
         wr.wr_id = wr_id;
         wr.sg_list = &mut sge;
         wr.num_sge = 1;
-        wr.opcode = ibv_wr_opcode::IBV_WR_SEND;
+        wr.opcode = opcode;
         wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
-        wr.wr.ud = ud_t {
-            ah: ah.ah.as_ptr(),
-            remote_qpn,
-            remote_qkey: qkey,
-        };
+        remote(&mut wr);
         let mut bad = ptr::null_mut();
-        // SAFETY: as in post_recv; the AH stays alive until this send completed.
+        // SAFETY: the WR and SGE live across the call (the provider copies them); the
+        // source buffer belongs to `mr`, which the caller keeps until the completion (a
+        // UD send's AH too).
         let r = unsafe { ibv_post_send(self.qp.as_ptr(), &mut wr, &mut bad) };
         rc(&self.name, "ibv_post_send", r)
     }
@@ -298,24 +316,14 @@ impl Qp {
         wr_id: u64,
     ) -> Result<(), RdmaError> {
         assert!(off + len <= mr.len, "write source outside its MR");
-        let mut sge = ibv_sge {
-            addr: mr.addr(off),
-            length: u32::try_from(len).expect("RDMA WRITE length fits in u32"),
-            lkey: mr.lkey(),
-        };
-        // SAFETY: zeroed plain struct (unions included), filled below.
-        let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
-        wr.wr_id = wr_id;
-        wr.sg_list = &mut sge;
-        wr.num_sge = 1;
-        wr.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE;
-        wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
-        wr.wr.rdma = rdma_t { remote_addr, rkey };
-        let mut bad = ptr::null_mut();
-        // SAFETY: the WR and SGE live across the call (the provider copies them); the
-        // source buffer belongs to `mr`, which the caller keeps until the completion.
-        let r = unsafe { ibv_post_send(self.qp.as_ptr(), &mut wr, &mut bad) };
-        rc(&self.name, "ibv_post_send", r)
+        self.post_signalled(
+            mr,
+            off,
+            len,
+            wr_id,
+            ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+            |wr| wr.wr.rdma = rdma_t { remote_addr, rkey },
+        )
     }
 }
 
