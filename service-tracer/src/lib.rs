@@ -686,6 +686,10 @@ async fn reader(
                             table.apply_bytes(&item, &*resolver, &*filter, &mut out);
                             n += 1;
                         }
+                        // The exit filter learns a QP's owner before anyone can see the
+                        // QP (the lock is held): an owner that exits right after a reader
+                        // of the changes saw it is still reported by the kernel.
+                        sync_traced(&mut traced, table.take_tgid_changes());
                         log.record(out.drain(..));
                     }
                     if n < BATCH {
@@ -694,11 +698,7 @@ async fn reader(
                     tokio::task::yield_now().await;
                 }
                 guard.clear_ready();
-                let (pending, changes) = {
-                    let mut g = shared.lock();
-                    (!g.log.is_empty(), g.table.take_tgid_changes())
-                };
-                sync_traced(&mut traced, changes);
+                let pending = !shared.lock().log.is_empty();
                 if pending {
                     shared.notify.notify_waiters();
                 }
