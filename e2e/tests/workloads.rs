@@ -269,27 +269,52 @@ async fn service_paths_name_the_pod_the_slurm_job_and_the_unit_they_serve() {
         ))
         .expect("dropping C's probes");
     let op = operator(&ep).await.unwrap();
+    let dark_at = std::time::Instant::now();
+    // What the controller last listed, for the failure message.
+    let last_seen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
     let finding = wait_for(Duration::from_secs(40), Duration::from_millis(300), || {
-        let mut op = op.clone();
+        let (mut op, last_seen) = (op.clone(), last_seen.clone());
         async move {
-            op.list_findings(rpingmesh_proto::operator::ListFindingsRequest::default())
+            let all = op
+                .list_findings(rpingmesh_proto::operator::ListFindingsRequest::default())
                 .await
                 .ok()?
                 .into_inner()
-                .findings
-                .into_iter()
-                .find(|f| {
-                    f.open && f.kind == "rnic" && f.location == "wl-c/udp0" && !f.impact.is_empty()
+                .findings;
+            *last_seen.lock().unwrap() = all
+                .iter()
+                .map(|f| {
+                    format!(
+                        "{} {} open={} severity={} impact={} ({}, confidence {:.2})",
+                        f.kind,
+                        f.location,
+                        f.open,
+                        f.severity,
+                        f.impact.len(),
+                        f.symptom,
+                        f.confidence
+                    )
                 })
+                .collect::<Vec<_>>()
+                .join("\n");
+            all.into_iter().find(|f| {
+                f.open && f.kind == "rnic" && f.location == "wl-c/udp0" && !f.impact.is_empty()
+            })
         }
     })
     .await
     .unwrap_or_else(|| {
         panic!(
-            "no RNIC finding with an impact for wl-c:\n{}",
+            "no RNIC finding with an impact for wl-c within 40 s; the findings listed last:\n{}\n\
+             controller:\n{}",
+            last_seen.lock().unwrap(),
             tail_lines(&ctl.proc.stderr(), 30)
         )
     });
+    eprintln!(
+        "workloads: the RNIC finding came {:?} after C went dark",
+        dark_at.elapsed()
+    );
     let hurt: Vec<(&str, u32, u32)> = finding
         .impact
         .iter()

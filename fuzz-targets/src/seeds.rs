@@ -258,19 +258,7 @@ fn kernel_btf() -> Vec<u8> {
     w(&mut t, &[name("outer"), (1 << 31) | info(4, 2), 16]);
     w(&mut t, &[name("a"), 1, 0]);
     w(&mut t, &[name("b"), 1, (3 << 24) | 66]);
-    let mut d = vec![0x9f, 0xeb, 1, 0];
-    for v in [
-        24u32,
-        0,
-        t.len() as u32,
-        t.len() as u32,
-        strings.len() as u32,
-    ] {
-        d.extend_from_slice(&v.to_le_bytes());
-    }
-    d.extend_from_slice(&t);
-    d.extend_from_slice(&strings);
-    d
+    rpingmesh_service_tracer::btf::encode_blob(&t, &strings)
 }
 
 /// The rc_ring target's input: a mode byte, then a two-slot region with `msg` published

@@ -432,6 +432,23 @@ pub fn kernel_offsets_from(
     Ok(o)
 }
 
+/// A BTF blob around a type section and a string section: the header the parser reads
+/// (magic 0xeb9f, version 1, no flags, 24 header bytes, then the sections' offsets and
+/// lengths). The tests and the fuzz seeds build their BTF with it.
+#[doc(hidden)]
+pub fn encode_blob(types: &[u8], strings: &[u8]) -> Vec<u8> {
+    let mut d = Vec::with_capacity(24 + types.len() + strings.len());
+    d.extend_from_slice(&0xeb9fu16.to_le_bytes());
+    d.extend_from_slice(&[1, 0]);
+    let (tl, sl) = (types.len() as u32, strings.len() as u32);
+    for v in [24u32, 0, tl, tl, sl] {
+        d.extend_from_slice(&v.to_le_bytes());
+    }
+    d.extend_from_slice(types);
+    d.extend_from_slice(strings);
+    d
+}
+
 #[cfg(test)]
 pub(crate) mod testutil {
     /// Build a tiny BTF blob: `struct outer { int a; union { int b; int c; }; int d:3 bitfield at bit 66 }`.
@@ -461,22 +478,7 @@ pub(crate) mod testutil {
         mem(&mut t, 11, 1, 0);
         mem(&mut t, 0, 2, 32);
         mem(&mut t, 17, 1, 66);
-        let mut d = Vec::new();
-        d.extend_from_slice(&0xeb9fu16.to_le_bytes());
-        d.push(1);
-        d.push(0);
-        for v in [
-            24u32,
-            0,
-            t.len() as u32,
-            t.len() as u32,
-            strings.len() as u32,
-        ] {
-            d.extend_from_slice(&v.to_le_bytes());
-        }
-        d.extend_from_slice(&t);
-        d.extend_from_slice(&strings);
-        d
+        super::encode_blob(&t, &strings)
     }
 }
 
@@ -507,19 +509,7 @@ mod tests {
                 w(&mut t, [mn, 1, off * 8]);
             }
         }
-        let mut d = vec![0x9f, 0xeb, 1, 0];
-        for v in [
-            24u32,
-            0,
-            t.len() as u32,
-            t.len() as u32,
-            strings.len() as u32,
-        ] {
-            d.extend_from_slice(&v.to_le_bytes());
-        }
-        d.extend_from_slice(&t);
-        d.extend_from_slice(&strings);
-        d
+        super::encode_blob(&t, &strings)
     }
 
     #[test]
@@ -629,18 +619,7 @@ mod tests {
         for v in [base_str + 1, (4 << 24) | 1, 4, base_str + 7, 1, 32] {
             t.extend_from_slice(&v.to_le_bytes());
         }
-        let mut d = vec![0x9f, 0xeb, 1, 0];
-        for v in [
-            24u32,
-            0,
-            t.len() as u32,
-            t.len() as u32,
-            strings.len() as u32,
-        ] {
-            d.extend_from_slice(&v.to_le_bytes());
-        }
-        d.extend_from_slice(&t);
-        d.extend_from_slice(&strings);
+        let d = super::encode_blob(&t, &strings);
         let m = Btf::parse_split("mod", &d, &base).unwrap();
         assert_eq!(m.member_offset("modst", "m"), Ok(4));
         assert_eq!(m.member_offset("outer", "c"), Ok(4));
@@ -724,19 +703,7 @@ mod tests {
         }
         w(&mut t, [0, (4 << 24) | 1, 8]);
         w(&mut t, [13, 1, 32]);
-        let mut d = vec![0x9f, 0xeb, 1, 0];
-        for v in [
-            24u32,
-            0,
-            t.len() as u32,
-            t.len() as u32,
-            strings.len() as u32,
-        ] {
-            d.extend_from_slice(&v.to_le_bytes());
-        }
-        d.extend_from_slice(&t);
-        d.extend_from_slice(strings);
-        d
+        super::encode_blob(&t, strings)
     }
 
     #[test]
