@@ -21,7 +21,7 @@ pub use descriptor::{Descriptor, DescriptorError, DESCRIPTOR_LEN};
 pub use geometry::{Geometry, GeometryError, MAX_PAYLOAD};
 pub use receiver::{Published, Receiver};
 pub use region::{HeapRegion, Region};
-pub use sender::{CreditRead, SendError, Sender, Step, WriteOp};
+pub use sender::{CreditRead, SendError, Sender, Step, WriteOp, TORN_READS_TOLERATED};
 
 /// A broken ring: the connection must be torn down (a sequence or credit the protocol
 /// cannot produce means the peer or the memory is not what we think).

@@ -8,7 +8,7 @@ use rpingmesh_rc_ring::descriptor::{Descriptor, DescriptorError, DESCRIPTOR_LEN}
 use rpingmesh_rc_ring::frag::{fragments, Reassembler};
 use rpingmesh_rc_ring::geometry::{split_commit, Geometry, CONSUMED_OFFSET, SEQ_MAX};
 use rpingmesh_rc_ring::{
-    HeapRegion, ProtocolError, Receiver, SendError, Sender, Step, MAX_PAYLOAD,
+    HeapRegion, ProtocolError, Receiver, SendError, Sender, Step, MAX_PAYLOAD, TORN_READS_TOLERATED,
 };
 
 #[derive(Debug, Clone)]
@@ -255,13 +255,32 @@ fn a_full_ring_reads_credits_only_when_the_cached_view_is_full() {
     p.drain().unwrap();
 }
 
-/// A credit value the protocol cannot produce is refused.
+/// A credit value the protocol cannot produce is dropped as a torn read and read again;
+/// one that stays impossible is refused.
 #[test]
 fn impossible_credits_and_completions_are_errors() {
     let geom = Geometry::for_budget(2 * 256, 4096).unwrap();
     let mut tx = Sender::new(geom, 8);
     tx.send(&[1]).unwrap();
     tx.send(&[1]).unwrap();
+    for torn in 0..TORN_READS_TOLERATED {
+        let Ok(Step::ReadCredit(read)) = tx.send(&[1]) else {
+            panic!("full")
+        };
+        tx.credit_read_completed(read.wr_id, 3).unwrap();
+        assert_eq!(tx.discarded_credit_reads(), u64::from(torn) + 1);
+    }
+    // A possible count in between starts the tolerance over.
+    let Ok(Step::ReadCredit(read)) = tx.send(&[1]) else {
+        panic!("still full: the torn counts freed nothing")
+    };
+    tx.credit_read_completed(read.wr_id, 0).unwrap();
+    for _ in 0..TORN_READS_TOLERATED {
+        let Ok(Step::ReadCredit(read)) = tx.send(&[1]) else {
+            panic!("full")
+        };
+        tx.credit_read_completed(read.wr_id, 3).unwrap();
+    }
     let Ok(Step::ReadCredit(read)) = tx.send(&[1]) else {
         panic!("full")
     };
