@@ -194,8 +194,21 @@ pub(crate) async fn rdma_faults(dir: &Path) -> Result<Value> {
     let mut phases = BTreeMap::new();
     phases.insert("registered", unix_ns_now());
 
-    // 1. The dead peer is on the ToR-mesh lists from the first refresh on.
+    // 1. The dead peer is on the ToR-mesh lists from the first refresh on. The host test
+    // needs live windows between the two ToR-mesh members before the port fault: on a
+    // loaded guest the first ones come late, so wait for them (bounded) past the phase.
     tokio::time::sleep(Duration::from_secs(FAULT_DEAD_PHASE_SECS)).await;
+    let gid_of = |device: &str| {
+        rnics
+            .iter()
+            .find(|r| r["device"] == device)
+            .and_then(|r| r["gid"].as_str())
+            .map(str::to_string)
+    };
+    if let (Some(a), Some(b)) = (gid_of(FAULT_DEVICES[0]), gid_of(FAULT_DEVICES[1])) {
+        let warm_ns = (FAULT_REFRESH_SEC + FAULT_WINDOW_SEC) * 1_000_000_000;
+        wait_live_windows(&op, &a, &b, phases["registered"] + warm_ns, 2).await;
+    }
 
     // 2. Port down under the running agent, then up.
     phases.insert("port_down", unix_ns_now());
@@ -377,6 +390,40 @@ async fn wait_answered_after(
                             && w.probe_success > 0
                     })
                     .then_some(())
+            }
+        },
+    )
+    .await;
+}
+
+/// Waits until both directions between `a` and `b` have `per_direction` reported windows
+/// that began at `since_ns` or later (bounded by ten windows).
+async fn wait_live_windows(
+    op: &rpingmesh_proto::operator::operator_service_client::OperatorServiceClient<
+        tonic::transport::Channel,
+    >,
+    a: &str,
+    b: &str,
+    since_ns: u64,
+    per_direction: usize,
+) {
+    let _ = wait_for(
+        Duration::from_secs(10 * FAULT_WINDOW_SEC),
+        Duration::from_millis(500),
+        || {
+            let (mut op, a, b) = (op.clone(), a.to_string(), b.to_string());
+            async move {
+                let ws = all_windows(&mut op).await.ok()?;
+                let count = |src: &str, dst: &str| {
+                    ws.iter()
+                        .filter(|w| {
+                            w.source_gid == src
+                                && w.target_gid == dst
+                                && w.window_start_unix_ns >= since_ns
+                        })
+                        .count()
+                };
+                (count(&a, &b) >= per_direction && count(&b, &a) >= per_direction).then_some(())
             }
         },
     )
