@@ -196,7 +196,9 @@ fn from_sockaddr(ss: &libc::sockaddr_storage, len: libc::socklen_t) -> Option<So
     }
 }
 
-fn endpoint_of(addr: &SocketAddr) -> Endpoint {
+/// The endpoint a socket address stands for: an IPv4 address as its v4-mapped GID, the
+/// port as the QPN.
+pub fn endpoint_of(addr: &SocketAddr) -> Endpoint {
     let gid = match addr.ip() {
         IpAddr::V4(v4) => v4.to_ipv6_mapped(),
         IpAddr::V6(v6) => v6,

@@ -13,19 +13,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use rpingmesh_agent_common::wire::ProbePacket;
-use rpingmesh_verbs::udp::UdpEndpoint;
+use rpingmesh_verbs::udp::{endpoint_of, UdpEndpoint};
 use rpingmesh_verbs::{Endpoint, SendParams, TransportEvent};
-
-fn endpoint(addr: SocketAddr) -> Endpoint {
-    let gid = match addr.ip() {
-        std::net::IpAddr::V4(v4) => v4.to_ipv6_mapped(),
-        std::net::IpAddr::V6(v6) => v6,
-    };
-    Endpoint {
-        gid,
-        qpn: addr.port() as u32,
-    }
-}
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -36,7 +25,7 @@ fn main() -> Result<()> {
     let round = Duration::from_millis(args[1].parse().context("ROUND_MS")?);
     let targets = args[2..]
         .iter()
-        .map(|a| a.parse::<SocketAddr>().map(endpoint))
+        .map(|a| a.parse::<SocketAddr>().map(|a| endpoint_of(&a)))
         .collect::<Result<Vec<_>, _>>()
         .context("TARGET_ADDR")?;
     let rt = tokio::runtime::Builder::new_current_thread()
