@@ -1,5 +1,6 @@
-//! Embeds the eBPF object built by `cargo xtask build-ebpf` when it exists; otherwise the
-//! tracer looks for it at run time (RPINGMESH_EBPF_OBJECT or a configured path).
+//! Embeds the eBPF object built by `cargo xtask build-ebpf` (its copy without DWARF) when
+//! it exists; otherwise the tracer looks for it at run time (RPINGMESH_EBPF_OBJECT or a
+//! configured path).
 use std::path::PathBuf;
 
 fn main() {
@@ -10,7 +11,7 @@ fn main() {
     let obj = std::env::var_os("RPINGMESH_EBPF_OBJECT")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
-            manifest.join("../target/bpfel-unknown-none/release/rpingmesh-agent-ebpf")
+            manifest.join("../target/bpfel-unknown-none/release/rpingmesh-agent-ebpf.o")
         });
     println!("cargo::rerun-if-changed={}", obj.display());
     let out =

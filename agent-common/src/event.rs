@@ -236,7 +236,8 @@ pub const STAT_RINGBUF_DROPS: u32 = 0;
 pub const STAT_READ_ERRORS: u32 = 1;
 pub const STAT_COUNT: u32 = 2;
 
-/// Ring buffer size in bytes (power of two, multiple of the page size).
+/// The ring buffer's size in the compiled object (a power of two, a multiple of the page
+/// size). The loader sets the size the agent runs with (`TracerConfig::ring_bytes`).
 pub const RINGBUF_BYTES: u32 = 1 << 20;
 
 /// Kernel struct member offsets resolved from BTF at load time and passed to the kprobe

@@ -11,6 +11,7 @@ pub mod agent;
 pub mod cluster_monitor;
 pub mod config;
 pub mod controller_client;
+pub mod heap;
 pub mod host_monitor;
 pub mod hostping;
 pub mod open;

@@ -416,15 +416,24 @@ impl Telemetry {
     }
 }
 
-/// JSON logs on stderr at `level` (RUST_LOG, when set, wins).
+/// JSON logs on stderr at `level` (RUST_LOG, when set and valid, wins). RUST_LOG takes
+/// `level` and `target=level` items, comma-separated. Not EnvFilter: its directive parser
+/// compiles a regex at start, which stayed resident (code and heap) for the agent's life.
 pub fn init_logging(level: &str) {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level));
-    let _ = tracing_subscriber::fmt()
+    use tracing_subscriber::filter::Targets;
+    use tracing_subscriber::prelude::*;
+    let parse = |s: &str| s.parse::<Targets>().ok();
+    let filter = std::env::var("RUST_LOG")
+        .ok()
+        .and_then(|v| parse(&v))
+        .or_else(|| parse(level))
+        .unwrap_or_else(|| Targets::new().with_default(tracing::Level::INFO));
+    let fmt = tracing_subscriber::fmt::layer()
         .json()
-        .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_current_span(false)
+        .with_current_span(false);
+    let _ = tracing_subscriber::registry()
+        .with(fmt.with_filter(filter))
         .try_init();
 }
 

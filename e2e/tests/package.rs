@@ -114,7 +114,7 @@ async fn packages_install_run_and_purge_cleanly() {
     let owner = run(Command::new("stat").args(["-c", "%U:%G %a", "/var/lib/rpingmesh"]));
     assert_eq!(owner.trim(), "rpingmesh:rpingmesh 750");
     // The agent: release build with the eBPF object embedded, and its unit's capabilities.
-    let obj = std::fs::read(bin_dir().join("../bpfel-unknown-none/release/rpingmesh-agent-ebpf"))
+    let obj = std::fs::read(bin_dir().join("../bpfel-unknown-none/release/rpingmesh-agent-ebpf.o"))
         .expect("the eBPF object `cargo xtask build-ebpf` makes");
     let agent = std::fs::read("/usr/bin/rpingmesh-agent").unwrap();
     assert!(

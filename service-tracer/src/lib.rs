@@ -82,6 +82,10 @@ pub struct TracerConfig {
     /// The same /proc check when the kernel reports exits itself (sched_process_exit):
     /// only a fallback then.
     pub exit_fallback_interval: Duration,
+    /// Bytes of the QP event ring (a power of two, at least a page). All of it is
+    /// resident for the agent's whole life, so it is sized for measured bursts, not for
+    /// the worst case: the ring's drop counter says when a burst did not fit.
+    pub ring_bytes: u32,
 }
 
 impl Default for TracerConfig {
@@ -96,6 +100,7 @@ impl Default for TracerConfig {
             max_pending_changes: 65_536,
             liveness_interval: Duration::from_secs(2),
             exit_fallback_interval: Duration::from_secs(10),
+            ring_bytes: DEFAULT_RING_BYTES,
         }
     }
 }
@@ -171,9 +176,29 @@ pub const UPROBE_PROGRAMS: [(&str, &str, bool); 4] = [
     ("ibv_destroy_qp", "ibv_destroy_qp", true),
 ];
 
-fn load_object(object: &[u8], offsets: &[u32; KOFF_COUNT]) -> Result<Ebpf, TracerError> {
+/// The QP event ring's default size: 1,800 events. tracer-bench's storm (70,000 QP
+/// calls a second on two cores) drops none at this size (BENCHMARKS.md).
+pub const DEFAULT_RING_BYTES: u32 = 256 << 10;
+/// The programs' diagnostics ring (aya-log; its crate's default is 128 KiB): a record
+/// is 64-256 bytes and a diagnostic is counted per distinct message, so a few hundred
+/// records of room are plenty.
+const LOG_RING_BYTES: u32 = 32 << 10;
+
+fn load_object(
+    object: &[u8],
+    offsets: &[u32; KOFF_COUNT],
+    ring_bytes: u32,
+) -> Result<Ebpf, TracerError> {
+    let page = 4096;
+    if !ring_bytes.is_power_of_two() || ring_bytes < page {
+        return Err(TracerError::Load(format!(
+            "QP event ring of {ring_bytes} bytes: it must be a power of two of at least {page}"
+        )));
+    }
     EbpfLoader::new()
         .override_global(KOFFSETS_GLOBAL, offsets, true)
+        .map_max_entries("QP_EVENTS", ring_bytes)
+        .map_max_entries("AYA_LOGS", LOG_RING_BYTES)
         .load(object)
         .map_err(|e| TracerError::Load(one_line(&e)))
 }
@@ -192,7 +217,7 @@ fn one_line(e: &dyn std::error::Error) -> String {
 /// Loads every program of the object into the kernel (verifier check), attaching none.
 /// Returns the names of the programs loaded.
 pub fn load_all_programs(object: &[u8]) -> Result<Vec<String>, TracerError> {
-    let mut ebpf = load_object(object, &[0; KOFF_COUNT])?;
+    let mut ebpf = load_object(object, &[0; KOFF_COUNT], DEFAULT_RING_BYTES)?;
     let mut names = Vec::new();
     for &(name, _) in KPROBE_PROGRAMS.iter().chain(&KPROBE_QUERY_PROGRAMS) {
         let p: &mut KProbe = prog_mut(&mut ebpf, name)?;
@@ -350,7 +375,7 @@ impl ServiceTracer {
         let (mut ebpf, mode, attachments, queries) = match cfg.mode {
             TracingMode::Kprobe => {
                 let offs = kprobe_possible()?;
-                let (e, a, q) = attach_kprobes(&object, &offs)?;
+                let (e, a, q) = attach_kprobes(&object, &offs, cfg.ring_bytes)?;
                 (e, ActiveMode::Kprobe, a, q)
             }
             TracingMode::Uprobe => {
@@ -358,7 +383,7 @@ impl ServiceTracer {
                 (e, ActiveMode::Uprobe, a, false)
             }
             _ => {
-                match kprobe_possible().and_then(|o| attach_kprobes(&object, &o)) {
+                match kprobe_possible().and_then(|o| attach_kprobes(&object, &o, cfg.ring_bytes)) {
                     Ok((e, a, q)) => (e, ActiveMode::Kprobe, a, q),
                     Err(why) => {
                         tracing::info!("service tracing: kprobes unavailable ({why}); using libibverbs uprobes");
@@ -513,8 +538,9 @@ impl ServiceTracer {
 fn attach_kprobes(
     object: &[u8],
     offs: &[u32; KOFF_COUNT],
+    ring_bytes: u32,
 ) -> Result<(Ebpf, Vec<String>, bool), TracerError> {
-    let mut ebpf = load_object(object, offs)?;
+    let mut ebpf = load_object(object, offs, ring_bytes)?;
     let mut att = Vec::new();
     let mut attach = |ebpf: &mut Ebpf, name: &str, func: &str| -> Result<(), TracerError> {
         let p: &mut KProbe = prog_mut(ebpf, name)?;
@@ -556,7 +582,7 @@ fn attach_uprobes(object: &[u8], cfg: &TracerConfig) -> Result<(Ebpf, Vec<String
     // Only the exit program reads kernel memory in this mode: the task offsets, when
     // vmlinux BTF has them (else it falls back to the group leader's exit).
     let offs = btf::resolve_task_offsets(&cfg.btf_dir).unwrap_or([0; KOFF_COUNT]);
-    let mut ebpf = load_object(object, &offs)?;
+    let mut ebpf = load_object(object, &offs, cfg.ring_bytes)?;
     for (name, _, _) in UPROBE_PROGRAMS {
         let p: &mut UProbe = prog_mut(&mut ebpf, name)?;
         p.load().map_err(|e| TracerError::Program {

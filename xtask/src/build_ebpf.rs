@@ -9,9 +9,14 @@ use std::process::Command;
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const EBPF_TARGET: &str = "bpfel-unknown-none";
 const EBPF_BIN: &str = "rpingmesh-agent-ebpf";
+/// The object the agent embeds (service-tracer/build.rs): the linked one without its
+/// DWARF. BTF and BTF.ext stay (aya and the verifier need them); the DWARF is 380 KiB of
+/// the 480, and the agent reads the whole object at start, so it stayed resident.
+pub const EMBEDDED_OBJECT: &str = "rpingmesh-agent-ebpf.o";
 
-/// Builds agent-ebpf and returns the path of the object (an ELF with every program).
-/// Tools go to `<root>/.tools`; the object to `<root>/target/bpfel-unknown-none/release/`.
+/// Builds agent-ebpf and returns the path of the object the agent embeds (an ELF with
+/// every program). Tools go to `<root>/.tools`; the objects to
+/// `<root>/target/bpfel-unknown-none/release/`.
 pub fn build_ebpf(root: &Path) -> Result<PathBuf> {
     let tools = root.join(".tools");
     let cargo = rustup_cargo();
@@ -68,12 +73,46 @@ pub fn build_ebpf(root: &Path) -> Result<PathBuf> {
     if !obj.is_file() {
         bail!("eBPF build finished but {} is missing", obj.display());
     }
+    let embedded = strip_debug(&obj)?;
     eprintln!(
         "build-ebpf: {} ({:.1}s)",
-        obj.display(),
+        embedded.display(),
         started.elapsed().as_secs_f64()
     );
-    Ok(obj)
+    Ok(embedded)
+}
+
+/// Writes `EMBEDDED_OBJECT` next to `obj` with the DWARF sections removed, using the
+/// nightly toolchain's own objcopy (no system LLVM needed). The file is replaced only
+/// when its bytes change: its mtime is service-tracer's rebuild trigger.
+fn strip_debug(obj: &Path) -> Result<PathBuf> {
+    let sysroot = rustc_nightly(&["--print", "sysroot"])?;
+    let sysroot = Path::new(sysroot.trim());
+    let host = rustc_nightly(&["--print", "host-tuple"])?;
+    let objcopy = sysroot
+        .join("lib/rustlib")
+        .join(host.trim())
+        .join("bin/rust-objcopy");
+    let dir = obj.parent().expect("the object has a directory");
+    let fresh = dir.join(format!("{EMBEDDED_OBJECT}.new"));
+    run(
+        Command::new(&objcopy)
+            // rust-objcopy links the toolchain's libLLVM, which lives in the sysroot.
+            .env("LD_LIBRARY_PATH", sysroot.join("lib"))
+            .arg("--strip-debug")
+            .arg(obj)
+            .arg(&fresh),
+        "rust-objcopy --strip-debug (the eBPF object)",
+    )?;
+    let embedded = dir.join(EMBEDDED_OBJECT);
+    let new = std::fs::read(&fresh).with_context(|| format!("reading {}", fresh.display()))?;
+    if std::fs::read(&embedded).ok().as_deref() == Some(&new[..]) {
+        std::fs::remove_file(&fresh).with_context(|| format!("removing {}", fresh.display()))?;
+    } else {
+        std::fs::rename(&fresh, &embedded)
+            .with_context(|| format!("writing {}", embedded.display()))?;
+    }
+    Ok(embedded)
 }
 
 /// The rustup proxy (understands `+nightly`), not the toolchain cargo running xtask.

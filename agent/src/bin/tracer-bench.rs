@@ -655,6 +655,7 @@ fn storm_bench(phase: Duration) {
                "storm_calls_per_sec": storm_rate,
                "events_seen": after.events - before.events,
                "ringbuf_dropped": after.ringbuf_drops - before.ringbuf_drops,
+               "ring_bytes": rpingmesh_service_tracer::DEFAULT_RING_BYTES,
                "seconds_per_phase": phase.as_secs_f64()})
     );
 }
