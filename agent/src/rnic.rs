@@ -30,8 +30,11 @@ use crate::targets::{Pinglists, ProbeTarget};
 use crate::telemetry::{DropReason, FailReason, Metrics, PathAttrs};
 use crate::watchdog::SharedMultiplier;
 
+mod deadline;
 mod send_table;
 mod state;
+
+use deadline::DeadlineTimer;
 
 use send_table::IdMap;
 pub use send_table::SendTable;
@@ -47,7 +50,10 @@ const DRAIN_ROUNDS: usize = 4;
 const TIMER_GRANULARITY_NS: u64 = 1 << 20;
 /// Longest a busy driver goes without awaiting its shutdown and pinglist watches.
 const WATCH_POLL_NS: u64 = 10_000_000;
-/// How often timers that need no precision run (pending sweeps, report flushes).
+/// How often timers that need no precision run (pending sweeps, report flushes). Each
+/// is due at its period but runs on whatever wakes the driver next (a round's sends, an
+/// ACK); only after half a period more does it wake the driver itself, so a driver that
+/// probes spends no wake-up of its own on them.
 const HOUSEKEEPING_NS: u64 = 200_000_000;
 const REPORT_FLUSH_NS: u64 = 1_000_000_000;
 
@@ -430,15 +436,16 @@ impl RnicDriver {
         // While events keep coming, the shutdown and pinglist watches are checked with an
         // atomic load per turn instead of being awaited: awaiting registers and drops a
         // waiter on each of them every turn, i.e. several times per probe. An idle driver
-        // (last wake not I/O) awaits them, so it reacts at once; a busy one reacts at its
-        // next event, or within WATCH_POLL_NS when the events stop.
+        // (last wake not I/O) awaits them, so it reacts at once; so does one whose next
+        // deadline is over WATCH_POLL_NS away. A busy one reacts at its next event or
+        // deadline, within WATCH_POLL_NS: no wake-up of its own is spent on the watches.
         let mut last_wake_io = false;
-        let mut watch_tick_at = 0u64;
         let mut events: Vec<TransportEvent> = Vec::with_capacity(256);
-        let sleep = tokio::time::sleep(Duration::ZERO);
-        tokio::pin!(sleep);
+        let mut timer = match DeadlineTimer::new() {
+            Ok(t) => t,
+            Err(e) => return DriverExit::TransportFailed(e),
+        };
         let mut io_errors = 0u64;
-        let mut armed_deadline = u64::MAX;
         let mut rdma_stats = RdmaStatsExport::default();
         enum Wake {
             Shutdown,
@@ -471,20 +478,10 @@ impl RnicDriver {
             for (to, params) in state.lost_paths.drain(..) {
                 endpoint.note_loss(&to, &params);
             }
-            let mut deadline = state.next_deadline(now);
-            let watch = !last_wake_io;
-            if !watch {
-                // Moves once per WATCH_POLL_NS, so it rarely re-arms the timer.
-                if now >= watch_tick_at {
-                    watch_tick_at = now + WATCH_POLL_NS;
-                }
-                deadline = deadline.min(watch_tick_at);
-            }
-            // Re-arming the timer costs: only when the deadline moved.
-            if deadline != armed_deadline {
-                armed_deadline = deadline;
-                let wait = Duration::from_nanos(deadline.saturating_sub(monotonic_ns()));
-                sleep.as_mut().reset(tokio::time::Instant::now() + wait);
+            let deadline = state.next_deadline(now);
+            let watch = !last_wake_io || deadline > now.saturating_add(WATCH_POLL_NS);
+            if let Err(e) = timer.arm(deadline) {
+                break DriverExit::TransportFailed(e);
             }
             let wake = tokio::select! {
                 biased;
@@ -493,7 +490,10 @@ impl RnicDriver {
                 }
                 r = endpoint.wait_events(&mut events) => Wake::Io(r),
                 r = io.pinglists.changed(), if watch && pinglists_open => Wake::Pinglists(r.is_ok()),
-                _ = &mut sleep => Wake::Timer,
+                r = timer.expired() => match r {
+                    Ok(()) => Wake::Timer,
+                    Err(e) => Wake::Io(Err(e)),
+                },
             };
             last_wake_io = matches!(wake, Wake::Io(_));
             match wake {

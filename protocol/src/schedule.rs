@@ -131,7 +131,14 @@ impl ProbeScheduler {
         let round_ns = round_ns.max(1);
         let n = targets.len();
         let rate_ok = per_target_rate.is_finite() && per_target_rate > 0.0;
-        let bucket = TokenBucket::new(per_target_rate * n as f64, n.max(1) as f64, now_ns);
+        // When the round, not the rate, limits each target (each is due once per round,
+        // which is at least the rate allows), the bucket only bounds the aggregate: it
+        // holds a round plus an eighth. With exactly a round's worth, a round that began a
+        // hair after the last (a late wake, float rounding) found a token or two missing,
+        // and their targets went out one by one after it, a wake-up each, every round.
+        let rate_binds = per_target_rate * round_ns as f64 / NS_PER_SEC < 1.0 - 1e-9;
+        let burst = if rate_binds { n } else { n + (n / 8).max(1) } as f64;
+        let bucket = TokenBucket::new(per_target_rate * n as f64, burst, now_ns);
         let active = n > 0 && rate_ok;
         if let Some(k) = self.kinds.iter_mut().find(|k| k.kind == kind) {
             let keep: HashSet<TargetId> = targets.iter().copied().collect();
@@ -278,6 +285,29 @@ mod tests {
             ts.sort();
             assert_eq!(ts, [1, 2, 3], "round {round}");
         }
+    }
+
+    #[test]
+    fn a_round_bound_kind_sends_each_round_in_one_burst_despite_late_wakes() {
+        // 64 targets, 10/s each, a round of 100 ms: the round is the limit. Wakes come
+        // 0.2 to 1.5 ms late (a driver's wake-up latency), and a wake less late than the
+        // one before finds less than a round's refill since the last take; every round
+        // still goes out at once.
+        let mut s = ProbeScheduler::new(100 * MS);
+        s.set_targets(TorMesh, (0..64).collect(), 10.0, 0);
+        let mut now = 0;
+        let mut wakes = 0;
+        while now < 10 * S {
+            let mut sent = 0;
+            while s.poll(now).is_some() {
+                sent += 1;
+            }
+            assert!(sent == 0 || sent == 64, "a round split: {sent} at {now}");
+            wakes += 1;
+            let late = if wakes % 2 == 0 { 200_000 } else { 1_500_000 };
+            now = s.next_wakeup_ns(now).expect("targets scheduled") + late;
+        }
+        assert_eq!(wakes, 100, "one wake per round");
     }
 
     #[test]

@@ -54,7 +54,7 @@ const TIMESTAMPING_FLAGS: libc::c_uint = libc::SOF_TIMESTAMPING_TX_SOFTWARE
 struct CmsgBuf([u8; 256]);
 
 /// Datagrams (or error-queue entries) taken per recvmmsg call.
-const RECV_BATCH: usize = 8;
+const RECV_BATCH: usize = 64;
 /// Per-datagram control space: SCM_TIMESTAMPING (3 timespecs) plus IP(V6)_RECVERR with
 /// its offender address fit with room to spare.
 const RECV_CTL_LEN: usize = 192;

@@ -112,7 +112,8 @@ impl State {
     }
 
     pub(super) fn next_deadline(&self, now: u64) -> u64 {
-        let mut d = self.next_housekeeping_ns.min(self.next_flush_ns);
+        let mut d = (self.next_housekeeping_ns + HOUSEKEEPING_NS / 2)
+            .min(self.next_flush_ns + REPORT_FLUSH_NS / 2);
         if let Some(t) = self.prober.next_timeout() {
             // Rounded up: a timeout a millisecond late is fine; re-arming per probe is not.
             d = d.min(t.saturating_add(TIMER_GRANULARITY_NS - 1) & !(TIMER_GRANULARITY_NS - 1));
