@@ -34,7 +34,7 @@ mod deadline;
 mod send_table;
 mod state;
 
-use deadline::DeadlineTimer;
+pub use deadline::DeadlineTimer;
 
 use send_table::IdMap;
 pub use send_table::SendTable;
@@ -264,6 +264,15 @@ struct TargetState {
     key: PathKey,
 }
 
+/// One turn's probe sends (buffers reused turn after turn: no allocation per probe).
+#[derive(Default)]
+struct SendBatch {
+    datagrams: Vec<(Endpoint, SendParams, [u8; PACKET_LEN])>,
+    /// Per datagram: its target, its probe's sequence and T1.
+    probes: Vec<(TargetId, u64, u64)>,
+    results: Vec<std::io::Result<SendId>>,
+}
+
 /// (GID, QPN, kind, and for SERVICE the path's label, TC, SL): one SERVICE target per
 /// distinct service path to the same RNIC.
 type TargetKey = (Ipv6Addr, u32, PinglistKind, u32, u8, u8);
@@ -293,6 +302,8 @@ struct State {
     label_epoch: u64,
     label_epoch_until_ns: u64,
     send_failed: HashSet<u64>,
+    /// The turn's probe sends, handed to the transport as one batch.
+    batch: SendBatch,
     /// Paths whose probes timed out this turn: the transport refreshes their handles.
     lost_paths: Vec<(Endpoint, SendParams)>,
     aggregator: Option<PathAggregator<PathKey>>,
@@ -374,6 +385,7 @@ impl RnicDriver {
             label_epoch: 0,
             label_epoch_until_ns: 0,
             send_failed: HashSet::new(),
+            batch: SendBatch::default(),
             lost_paths: Vec::new(),
             aggregator: params.analysis_window_ns.map(PathAggregator::new),
             metrics,

@@ -137,6 +137,24 @@ impl Transport {
         }
     }
 
+    /// Sends a batch of timed datagrams (`send` for each, in order), one result each
+    /// appended to `out`. udp hands a round to the kernel in one sendmmsg; rdma posts
+    /// them one by one.
+    pub fn send_batch<P: AsRef<[u8]>>(
+        &self,
+        batch: &[(Endpoint, SendParams, P)],
+        out: &mut Vec<std::io::Result<SendId>>,
+    ) {
+        match self {
+            Transport::Udp(e) => e.send_batch(batch, out),
+            Transport::Rdma(e) => {
+                for (to, params, payload) in batch {
+                    out.push(e.send(to, params, payload.as_ref()));
+                }
+            }
+        }
+    }
+
     /// A send whose completion nobody awaits. On rdma every send completes anyway (its
     /// slot is reused only after completion); the `Sent` event is then just unmatched.
     #[inline]

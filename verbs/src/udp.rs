@@ -13,8 +13,12 @@
 //! The kernel assigns OPT_ID keys only to datagrams that request a timestamp, so an
 //! untimed send takes no id in either mode and leaves no error-queue entry to read.
 //!
-//! Receiving: `recvmmsg` in batches, only on the queue that epoll says is ready. A batch
-//! that comes back short proves the queue empty, so no trailing EAGAIN call is needed.
+//! Sending a batch (a probing round): one `sendmmsg` for up to `SEND_BATCH` datagrams,
+//! each with its explicit id; a datagram the kernel refuses costs only its own result.
+//!
+//! Receiving (`recv.rs`): `recvmmsg` in batches, only on the queue that epoll says is
+//! ready. A batch that comes back short proves the queue empty, so no trailing EAGAIN
+//! call is needed.
 
 use std::io;
 use std::mem::{size_of, zeroed};
@@ -49,41 +53,15 @@ const TIMESTAMPING_FLAGS: libc::c_uint = libc::SOF_TIMESTAMPING_TX_SOFTWARE
     | libc::SOF_TIMESTAMPING_OPT_ID
     | libc::SOF_TIMESTAMPING_OPT_TSONLY;
 
-/// Control buffer, aligned for cmsghdr.
-#[repr(C, align(8))]
-struct CmsgBuf([u8; 256]);
-
-/// Datagrams (or error-queue entries) taken per recvmmsg call.
-const RECV_BATCH: usize = 64;
-/// Per-datagram control space: SCM_TIMESTAMPING (3 timespecs) plus IP(V6)_RECVERR with
-/// its offender address fit with room to spare.
-const RECV_CTL_LEN: usize = 192;
-
+/// Control buffer of one send, aligned for cmsghdr: room for the traffic class and the
+/// TX timestamp request (two 4-byte cmsgs of 24 bytes each on 64-bit) with some to spare.
 #[repr(C, align(8))]
 #[derive(Clone, Copy)]
-struct RecvCtl([u8; RECV_CTL_LEN]);
+struct CmsgBuf([u8; CMSG_BUF_LEN]);
+const CMSG_BUF_LEN: usize = 96;
 
-/// Reusable receive buffers for one recvmmsg call (kept per endpoint: no per-call
-/// zeroing of several KiB).
-struct RecvSlots {
-    data: [[u8; RECV_DATA_LEN]; RECV_BATCH],
-    ctl: [RecvCtl; RECV_BATCH],
-    addr: [libc::sockaddr_storage; RECV_BATCH],
-    iov: [libc::iovec; RECV_BATCH],
-    hdr: [libc::mmsghdr; RECV_BATCH],
-}
-
-// SAFETY: the raw pointers inside `iov`/`hdr` only ever point into the same RecvSlots and
-// are rebuilt before every use; the slots are reached through a Mutex.
-unsafe impl Send for RecvSlots {}
-
-impl RecvSlots {
-    fn new() -> Box<RecvSlots> {
-        // SAFETY: every field is plain data for which all-zero bytes are valid (null
-        // pointers are rebuilt before use).
-        Box::new(unsafe { zeroed() })
-    }
-}
+/// Datagrams handed to one sendmmsg call.
+const SEND_BATCH: usize = 64;
 
 pub struct UdpEndpoint {
     fd: AsyncFd<OwnedFd>,
@@ -229,55 +207,6 @@ fn push_cmsg(buf: &mut CmsgBuf, off: &mut usize, level: libc::c_int, ty: libc::c
     unsafe { std::ptr::write_unaligned(buf.0.as_mut_ptr().add(*off) as *mut libc::cmsghdr, h) };
     buf.0[*off + hdr..*off + hdr + data.len()].copy_from_slice(data);
     *off += space;
-}
-
-/// Bounds-checked walk over received control messages: yields (level, type, data).
-fn cmsgs(buf: &[u8]) -> impl Iterator<Item = (libc::c_int, libc::c_int, &[u8])> {
-    const ALIGN: usize = size_of::<usize>();
-    let hdr = size_of::<libc::cmsghdr>();
-    let mut off = 0usize;
-    std::iter::from_fn(move || {
-        if off.checked_add(hdr)? > buf.len() {
-            return None;
-        }
-        // SAFETY: `hdr` bytes at `off` are in bounds; unaligned read of a plain struct.
-        let h: libc::cmsghdr =
-            unsafe { std::ptr::read_unaligned(buf.as_ptr().add(off) as *const libc::cmsghdr) };
-        let clen = h.cmsg_len as usize;
-        if clen < hdr || off.checked_add(clen)? > buf.len() {
-            return None;
-        }
-        let data = &buf[off + hdr..off + clen];
-        off = off.checked_add(clen.checked_add(ALIGN - 1)? & !(ALIGN - 1))?;
-        Some((h.cmsg_level, h.cmsg_type, data))
-    })
-}
-
-/// ts[0] (software) of an SCM_TIMESTAMPING payload, None if absent or zero.
-fn software_ts(data: &[u8]) -> Option<u64> {
-    let tl = size_of::<libc::timespec>();
-    if data.len() < 3 * tl {
-        return None;
-    }
-    // SAFETY: at least one timespec in bounds; unaligned read.
-    let ts: libc::timespec =
-        unsafe { std::ptr::read_unaligned(data.as_ptr() as *const libc::timespec) };
-    if ts.tv_sec < 0 || ts.tv_nsec < 0 || (ts.tv_sec == 0 && ts.tv_nsec == 0) {
-        return None;
-    }
-    Some(
-        (ts.tv_sec as u64)
-            .saturating_mul(1_000_000_000)
-            .saturating_add(ts.tv_nsec as u64),
-    )
-}
-
-fn extended_err(data: &[u8]) -> Option<libc::sock_extended_err> {
-    if data.len() < size_of::<libc::sock_extended_err>() {
-        return None;
-    }
-    // SAFETY: length checked; unaligned read of a plain struct.
-    Some(unsafe { std::ptr::read_unaligned(data.as_ptr() as *const libc::sock_extended_err) })
 }
 
 impl UdpEndpoint {
@@ -443,6 +372,107 @@ impl UdpEndpoint {
         self.send_timed(&ss, slen, params, payload).map(drop)
     }
 
+    /// Sends every datagram of `batch` with a TX timestamp, as `send` would, appending
+    /// one result per datagram to `out` (in order). With explicit send ids the batch goes
+    /// out in sendmmsg calls of up to `SEND_BATCH`: one syscall for a whole probing round.
+    pub fn send_batch<P: AsRef<[u8]>>(
+        &self,
+        batch: &[(Endpoint, SendParams, P)],
+        out: &mut Vec<io::Result<SendId>>,
+    ) {
+        let mut rest = batch;
+        // Until a send settles the id mode, and on kernels without explicit ids (the
+        // implicit counter must be mirrored one send at a time): one by one.
+        while let Some(((to, params, payload), tail)) = rest.split_first() {
+            if self.explicit_ids.load(Ordering::Relaxed)
+                && !self.probing_ids.load(Ordering::Relaxed)
+            {
+                break;
+            }
+            out.push(self.send(to, params, payload.as_ref()));
+            rest = tail;
+        }
+        for chunk in rest.chunks(SEND_BATCH) {
+            self.send_chunk(chunk, out);
+        }
+    }
+
+    /// One sendmmsg call (more after a datagram the kernel refused) for up to
+    /// `SEND_BATCH` datagrams, each with its explicit send id.
+    fn send_chunk<P: AsRef<[u8]>>(
+        &self,
+        chunk: &[(Endpoint, SendParams, P)],
+        out: &mut Vec<io::Result<SendId>>,
+    ) {
+        debug_assert!(chunk.len() <= SEND_BATCH);
+        // SAFETY: all-zero is valid for these plain C structs (null pointers are set
+        // below before use).
+        let mut addr: [libc::sockaddr_storage; SEND_BATCH] = unsafe { zeroed() };
+        let mut ctl = [CmsgBuf([0; CMSG_BUF_LEN]); SEND_BATCH];
+        // SAFETY: as above.
+        let mut iov: [libc::iovec; SEND_BATCH] = unsafe { zeroed() };
+        // SAFETY: as above.
+        let mut hdr: [libc::mmsghdr; SEND_BATCH] = unsafe { zeroed() };
+        // Which result each header stands for (a datagram without a usable address gets
+        // its error at once and no header).
+        let mut slot_of = [0usize; SEND_BATCH];
+        let mut n = 0;
+        for (to, params, payload) in chunk {
+            let (ss, slen) = match self.dest_sockaddr(to, params) {
+                Ok(a) => a,
+                Err(e) => {
+                    out.push(Err(e));
+                    continue;
+                }
+            };
+            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            addr[n] = ss;
+            let clen = self.send_ctl(params, Stamp::Id(id), &mut ctl[n]);
+            let payload = payload.as_ref();
+            iov[n] = libc::iovec {
+                iov_base: payload.as_ptr() as *mut libc::c_void,
+                iov_len: payload.len(),
+            };
+            let h = &mut hdr[n].msg_hdr;
+            h.msg_name = &mut addr[n] as *mut _ as *mut libc::c_void;
+            h.msg_namelen = slen;
+            h.msg_iov = &mut iov[n];
+            h.msg_iovlen = 1;
+            h.msg_control = ctl[n].0.as_mut_ptr() as *mut libc::c_void;
+            h.msg_controllen = clen as _;
+            slot_of[n] = out.len();
+            out.push(Ok(id)); // replaced below if the kernel refuses it
+            n += 1;
+        }
+        let mut start = 0;
+        while start < n {
+            // SAFETY: headers start..n point at buffers on this frame, alive for the call.
+            let r = unsafe {
+                libc::sendmmsg(
+                    self.fd.as_raw_fd(),
+                    hdr[start..n].as_mut_ptr(),
+                    (n - start) as libc::c_uint,
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if r > 0 {
+                start += r as usize;
+                continue;
+            }
+            let e = if r == 0 {
+                io::Error::other("sendmmsg sent nothing")
+            } else {
+                io::Error::last_os_error()
+            };
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            // The error is the first unsent datagram's; the rest are tried again.
+            out[slot_of[start]] = Err(e);
+            start += 1;
+        }
+    }
+
     fn dest_sockaddr(
         &self,
         to: &Endpoint,
@@ -499,15 +529,9 @@ impl UdpEndpoint {
         }
     }
 
-    fn sendmsg(
-        &self,
-        dest: &libc::sockaddr_storage,
-        dest_len: libc::socklen_t,
-        params: &SendParams,
-        payload: &[u8],
-        stamp: Stamp,
-    ) -> io::Result<()> {
-        let mut ctl = CmsgBuf([0; 256]);
+    /// Writes a send's control messages (traffic class, TX timestamp request) into
+    /// `ctl`; returns their length.
+    fn send_ctl(&self, params: &SendParams, stamp: Stamp, ctl: &mut CmsgBuf) -> usize {
         let mut off = 0;
         let tc = params.traffic_class as libc::c_int;
         // 0 is the socket's own TOS / traffic class: no cmsg needed for it.
@@ -517,11 +541,11 @@ impl UdpEndpoint {
             } else {
                 (libc::IPPROTO_IP, libc::IP_TOS)
             };
-            push_cmsg(&mut ctl, &mut off, level, ty, &tc.to_ne_bytes());
+            push_cmsg(ctl, &mut off, level, ty, &tc.to_ne_bytes());
         }
         match stamp {
             Stamp::Id(id) => push_cmsg(
-                &mut ctl,
+                ctl,
                 &mut off,
                 libc::SOL_SOCKET,
                 SCM_TS_OPT_ID,
@@ -529,7 +553,7 @@ impl UdpEndpoint {
             ),
             // Clears the TX record flags for this datagram only.
             Stamp::Off => push_cmsg(
-                &mut ctl,
+                ctl,
                 &mut off,
                 libc::SOL_SOCKET,
                 SO_TIMESTAMPING,
@@ -537,6 +561,19 @@ impl UdpEndpoint {
             ),
             Stamp::Implicit => {}
         }
+        off
+    }
+
+    fn sendmsg(
+        &self,
+        dest: &libc::sockaddr_storage,
+        dest_len: libc::socklen_t,
+        params: &SendParams,
+        payload: &[u8],
+        stamp: Stamp,
+    ) -> io::Result<()> {
+        let mut ctl = CmsgBuf([0; CMSG_BUF_LEN]);
+        let off = self.send_ctl(params, stamp, &mut ctl);
         let mut iov = libc::iovec {
             iov_base: payload.as_ptr() as *mut libc::c_void,
             iov_len: payload.len(),
@@ -564,126 +601,7 @@ impl UdpEndpoint {
         }
     }
 
-    /// Waits until at least one event is available, then appends everything ready
-    /// (received datagrams and send completions) to `out`.
-    pub async fn wait_events(&self, out: &mut Vec<TransportEvent>) -> std::io::Result<()> {
-        loop {
-            let mut guard = self.fd.ready(Interest::READABLE | Interest::ERROR).await?;
-            let ready = guard.ready();
-            let before = out.len();
-            // Read only the queue epoll named. Readiness is cleared only for a queue seen
-            // empty; tokio keeps readiness that arrived after `ready()` returned, so no
-            // edge is lost.
-            let mut empty = Ready::EMPTY;
-            let (data, err) = if ready.is_readable() || ready.is_error() {
-                (ready.is_readable(), ready.is_error())
-            } else {
-                (true, true) // e.g. a closed state only: look at both, clear both
-            };
-            if data && self.recv_batch(false, out)? {
-                empty |= Ready::READABLE;
-            }
-            if err && self.recv_batch(true, out)? {
-                empty |= Ready::ERROR;
-            }
-            guard.clear_ready_matching(empty);
-            if out.len() > before {
-                return Ok(());
-            }
-        }
-    }
 
-    /// Non-blocking: appends whatever is ready now on both queues.
-    pub fn poll_events(&self, out: &mut Vec<TransportEvent>) -> std::io::Result<()> {
-        while !self.recv_batch(false, out)? {}
-        while !self.recv_batch(true, out)? {}
-        Ok(())
-    }
-
-    /// Non-blocking: appends the send completions (TX timestamps) queued now. Worth one
-    /// syscall right after a timed send: on loopback, veth and most drivers the software
-    /// TX timestamp is queued before `sendmsg` returns.
-    pub fn poll_completions(&self, out: &mut Vec<TransportEvent>) -> std::io::Result<()> {
-        while !self.recv_batch(true, out)? {}
-        Ok(())
-    }
-
-    /// One recvmmsg on the data queue or the error queue. Ok(true) when the call proved
-    /// the queue empty (fewer entries than asked for, or EAGAIN).
-    fn recv_batch(&self, errqueue: bool, out: &mut Vec<TransportEvent>) -> io::Result<bool> {
-        let mut guard = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-        let s: &mut RecvSlots = &mut guard;
-        for i in 0..RECV_BATCH {
-            s.iov[i] = libc::iovec {
-                iov_base: s.data[i].as_mut_ptr() as *mut libc::c_void,
-                iov_len: RECV_DATA_LEN,
-            };
-            let h = &mut s.hdr[i].msg_hdr;
-            h.msg_name = &mut s.addr[i] as *mut _ as *mut libc::c_void;
-            h.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-            h.msg_iov = &mut s.iov[i];
-            h.msg_iovlen = 1;
-            h.msg_control = s.ctl[i].0.as_mut_ptr() as *mut libc::c_void;
-            h.msg_controllen = RECV_CTL_LEN as _;
-            h.msg_flags = 0;
-            s.hdr[i].msg_len = 0;
-        }
-        let flags =
-            libc::MSG_DONTWAIT | libc::MSG_TRUNC | if errqueue { libc::MSG_ERRQUEUE } else { 0 };
-        let n = loop {
-            // SAFETY: every header points at buffers inside `s`, which the lock keeps
-            // alive and unshared for the call.
-            let r = unsafe {
-                libc::recvmmsg(
-                    self.fd.as_raw_fd(),
-                    s.hdr.as_mut_ptr(),
-                    RECV_BATCH as libc::c_uint,
-                    flags as _,
-                    std::ptr::null_mut(),
-                )
-            };
-            if r >= 0 {
-                break r as usize;
-            }
-            let e = io::Error::last_os_error();
-            match e.kind() {
-                io::ErrorKind::Interrupted => continue,
-                io::ErrorKind::WouldBlock => return Ok(true),
-                _ => return Err(e),
-            }
-        };
-        for i in 0..n.min(RECV_BATCH) {
-            let h = &s.hdr[i];
-            #[allow(clippy::unnecessary_cast)] // size_t on glibc, socklen_t on musl
-            let ctl_len = (h.msg_hdr.msg_controllen as usize).min(RECV_CTL_LEN);
-            let ctl = &s.ctl[i].0[..ctl_len];
-            if errqueue {
-                if let Some(ev) = completion_event(ctl) {
-                    out.push(ev);
-                }
-                continue;
-            }
-            let Some(addr) = from_sockaddr(&s.addr[i], h.msg_hdr.msg_namelen) else {
-                continue; // no usable source address: nothing to answer
-            };
-            let len = h.msg_len as usize;
-            let mut data = [0u8; RECV_DATA_LEN];
-            let k = len.min(RECV_DATA_LEN);
-            data[..k].copy_from_slice(&s.data[i][..k]);
-            let rx_ts_ns = cmsgs(ctl)
-                .find(|&(l, t, _)| l == libc::SOL_SOCKET && t == SCM_TIMESTAMPING)
-                .and_then(|(_, _, d)| software_ts(d));
-            out.push(TransportEvent::Received {
-                from: endpoint_of(&addr),
-                len,
-                data,
-                rx_ts_ns,
-                // The IPv6 flow label of a received datagram is not read (nor echoed).
-                flow_label: None,
-            });
-        }
-        Ok(n < RECV_BATCH)
-    }
 }
 
 /// How a send asks for its TX timestamp.
@@ -697,29 +615,10 @@ enum Stamp {
     Off,
 }
 
-/// The `Sent` event of one error-queue entry; None for anything that is not a software
-/// TX timestamp (none expected: IP_RECVERR is off).
-fn completion_event(ctl: &[u8]) -> Option<TransportEvent> {
-    let mut ts = None;
-    let mut ee = None;
-    for (level, ty, d) in cmsgs(ctl) {
-        match (level, ty) {
-            (libc::SOL_SOCKET, SCM_TIMESTAMPING) => ts = software_ts(d),
-            (libc::SOL_IP, libc::IP_RECVERR) | (libc::SOL_IPV6, libc::IPV6_RECVERR) => {
-                ee = extended_err(d)
-            }
-            _ => {}
-        }
-    }
-    let (tx_ts_ns, ee) = (ts?, ee?);
-    (ee.ee_errno == libc::ENOMSG as u32
-        && ee.ee_origin == SO_EE_ORIGIN_TIMESTAMPING
-        && ee.ee_info == SCM_TSTAMP_SND)
-        .then_some(TransportEvent::Sent {
-            id: ee.ee_data,
-            tx_ts_ns,
-        })
-}
-
+mod recv;
 #[cfg(test)]
 mod tests;
+
+use recv::RecvSlots;
+#[cfg(test)]
+use recv::{cmsgs, extended_err, software_ts, RECV_BATCH};

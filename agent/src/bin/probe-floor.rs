@@ -2,7 +2,7 @@
 //! (one probe to each target per round, the whole round in one burst, as the agent's
 //! scheduler does) through the same udp transport, and reads the ACKs and TX timestamps
 //! back, with nothing else: no prober state, no aggregation, no controller, no tracer,
-//! one thread. Its CPU is what the kernel and the transport charge for the datagrams
+//! one thread, its round on a timerfd as the agent's driver. Its CPU is what the kernel and the transport charge for the datagrams
 //! alone, so `agent CPU / floor CPU` in one run is the agent's own overhead.
 //!
 //! usage: probe-floor BIND_ADDR ROUND_MS TARGET_ADDR...
@@ -12,7 +12,9 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use rpingmesh_agent::rnic::DeadlineTimer;
 use rpingmesh_agent_common::wire::ProbePacket;
+use rpingmesh_verbs::clock::monotonic_ns;
 use rpingmesh_verbs::udp::{endpoint_of, UdpEndpoint};
 use rpingmesh_verbs::{Endpoint, SendParams, TransportEvent};
 
@@ -38,35 +40,43 @@ async fn run(bind: SocketAddr, round: Duration, targets: Vec<Endpoint>) -> Resul
     let ep = UdpEndpoint::bind(bind, "floor0")?;
     let params = SendParams::default();
     let mut events = Vec::with_capacity(256);
-    let mut next_round = tokio::time::Instant::now();
-    let mut next_report = next_round + Duration::from_secs(1);
+    let mut batch = Vec::with_capacity(targets.len());
+    let mut results = Vec::with_capacity(targets.len());
+    // The agent's driver waits on its own timerfd too (no tokio timer wheel).
+    let mut timer = DeadlineTimer::new()?;
+    let round_ns = round.as_nanos() as u64;
+    let mut next_round = monotonic_ns();
+    let mut next_report = next_round + 1_000_000_000;
     let (mut sequence, mut sent, mut acks) = (0u64, 0u64, 0u64);
     loop {
+        timer.arm(next_round)?;
         tokio::select! {
             r = ep.wait_events(&mut events) => {
                 r.context("receiving")?;
             }
-            _ = tokio::time::sleep_until(next_round) => {
+            r = timer.expired() => {
+                r.context("round timer")?;
+                batch.clear();
                 for to in &targets {
-                    let t1 = rpingmesh_verbs::clock::monotonic_ns();
-                    let pkt = ProbePacket::probe(sequence, t1).encode();
+                    let t1 = monotonic_ns();
+                    batch.push((*to, params, ProbePacket::probe(sequence, t1).encode()));
                     sequence += 1;
-                    if ep.send(to, &params, &pkt).is_ok() {
-                        sent += 1;
-                    }
                 }
+                // As the agent's driver: the round in one batch.
+                ep.send_batch(&batch, &mut results);
+                sent += results.drain(..).filter(|r| r.is_ok()).count() as u64;
                 // As the agent does after a burst: the TX timestamps are queued already.
                 ep.poll_completions(&mut events)?;
-                next_round += round;
+                next_round += round_ns;
             }
         }
         acks += events
             .drain(..)
             .filter(|e| matches!(e, TransportEvent::Received { .. }))
             .count() as u64;
-        if tokio::time::Instant::now() >= next_report {
+        if monotonic_ns() >= next_report {
             eprintln!("floor sent={sent} acks={acks}");
-            next_report += Duration::from_secs(1);
+            next_report += 1_000_000_000;
         }
     }
 }

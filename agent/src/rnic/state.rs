@@ -39,12 +39,13 @@ impl State {
         if !self.has_targets {
             return;
         }
+        let mut batch = std::mem::take(&mut self.batch);
         for _ in 0..SEND_BURST {
             if self.prober.in_flight() >= self.p.max_in_flight {
-                return;
+                break;
             }
             let Some((_kind, id)) = self.scheduler.poll(now) else {
-                return;
+                break;
             };
             // Re-read the wall clock at most once a second: rotation periods are whole
             // seconds, so a boundary is seen within a second.
@@ -60,7 +61,6 @@ impl State {
                 continue;
             };
             let flow_label = t.labels.next_label(epoch);
-            let to = t.endpoint;
             let params = SendParams {
                 flow_label,
                 traffic_class: t.traffic_class,
@@ -69,20 +69,31 @@ impl State {
             let t1 = monotonic_ns();
             let pkt = self.prober.start_probe(id, flow_label, t1);
             bump(&self.stats.probes_sent);
-            match ep.send(&to, &params, &pkt.encode()) {
-                Ok(sid) => {
-                    self.sends.insert(sid, SendPurpose::Probe(pkt.sequence), t1);
-                }
-                Err(e) => {
-                    // The prober times it out; the reason is then send_error.
-                    self.send_failed.insert(pkt.sequence);
-                    let n = bump(&self.stats.send_errors) + 1;
-                    if n.is_power_of_two() {
-                        tracing::warn!(error = %e, target = %t.spec.gid_text, send_errors = n, "probe send failed");
+            batch.datagrams.push((t.endpoint, params, pkt.encode()));
+            batch.probes.push((id, pkt.sequence, t1));
+        }
+        if !batch.datagrams.is_empty() {
+            ep.send_batch(&batch.datagrams, &mut batch.results);
+            for (r, &(id, sequence, t1)) in batch.results.drain(..).zip(&batch.probes) {
+                match r {
+                    Ok(sid) => {
+                        self.sends.insert(sid, SendPurpose::Probe(sequence), t1);
+                    }
+                    Err(e) => {
+                        // The prober times it out; the reason is then send_error.
+                        self.send_failed.insert(sequence);
+                        let n = bump(&self.stats.send_errors) + 1;
+                        if n.is_power_of_two() {
+                            let target = self.targets.get(&id).map_or("?", |t| &t.spec.gid_text);
+                            tracing::warn!(error = %e, target, send_errors = n, "probe send failed");
+                        }
                     }
                 }
             }
         }
+        batch.datagrams.clear();
+        batch.probes.clear();
+        self.batch = batch;
     }
 
     /// Returns true when the housekeeping tick ran.

@@ -3,7 +3,7 @@
 use super::*;
 
 fn cmsg_bytes(items: &[(libc::c_int, libc::c_int, &[u8])]) -> Vec<u8> {
-    let mut b = CmsgBuf([0; 256]);
+    let mut b = CmsgBuf([0; CMSG_BUF_LEN]);
     let mut off = 0;
     for &(l, t, d) in items {
         push_cmsg(&mut b, &mut off, l, t, d);
@@ -219,4 +219,63 @@ fn endpoints_of_addresses() {
     let e = endpoint_of(&"10.1.2.3:4791".parse().unwrap());
     assert_eq!(e.gid, "::ffff:10.1.2.3".parse::<Ipv6Addr>().unwrap());
     assert_eq!(e.qpn, 4791);
+}
+
+#[tokio::test]
+async fn a_batch_goes_out_in_order_and_a_refused_datagram_costs_only_itself() {
+    let a = UdpEndpoint::bind("127.0.0.1:0".parse().unwrap(), "a").unwrap();
+    let b = UdpEndpoint::bind("127.0.0.1:0".parse().unwrap(), "b").unwrap();
+    // The first send settles the id mode; batches need explicit ids (Linux >= 6.13).
+    a.send(&b.local(), &SendParams::default(), &[0xee; 8]).unwrap();
+    if !a.explicit_send_ids() {
+        eprintln!("skipped: this kernel has no explicit send ids (one-by-one fallback)");
+        return;
+    }
+    completions(&a, 1).await;
+    b.poll_events(&mut Vec::new()).unwrap();
+    // Two sendmmsg chunks; in them one datagram the kernel refuses (too big for UDP)
+    // and one with no IPv4 address (refused before the call).
+    let n = SEND_BATCH + 10;
+    let bad_dest = Endpoint {
+        gid: "fe80::1".parse().unwrap(),
+        qpn: 1,
+    };
+    let batch: Vec<(Endpoint, SendParams, Vec<u8>)> = (0..n)
+        .map(|i| match i {
+            7 => (b.local(), SendParams::default(), vec![7; 70_000]),
+            20 => (bad_dest, SendParams::default(), vec![20; 40]),
+            _ => (b.local(), SendParams::default(), vec![i as u8; 40]),
+        })
+        .collect();
+    let mut results = Vec::new();
+    a.send_batch(&batch, &mut results);
+    assert_eq!(results.len(), n);
+    let refused: Vec<usize> = (0..n).filter(|&i| results[i].is_err()).collect();
+    assert_eq!(refused, [7, 20], "{results:?}");
+    assert_eq!(
+        results[7].as_ref().unwrap_err().raw_os_error(),
+        Some(libc::EMSGSIZE)
+    );
+    let ids: Vec<SendId> = results.iter().filter_map(|r| r.as_ref().ok().copied()).collect();
+    let mut got = Vec::new();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+    while got.len() < n - 2 {
+        let mut ev = Vec::new();
+        tokio::time::timeout_at(deadline, b.wait_events(&mut ev))
+            .await
+            .expect("timeout")
+            .unwrap();
+        got.extend(ev.iter().filter_map(|e| match e {
+            TransportEvent::Received { len: 40, data, .. } => Some(data[0] as usize),
+            _ => None,
+        }));
+    }
+    let sent: Vec<usize> = (0..n).filter(|i| ![7, 20].contains(i)).collect();
+    assert_eq!(got, sent.iter().map(|&i| i % 256).collect::<Vec<_>>());
+    // Every datagram sent got its TX timestamp under the id its result named.
+    let mut done = completions(&a, ids.len()).await;
+    done.sort();
+    let mut want = ids.clone();
+    want.sort();
+    assert_eq!(done, want);
 }
