@@ -22,7 +22,8 @@ const PROFILE: &str = "Where it went (issue 25, 2026-12-06/07, this machine). CP
     timerfd, deadlines that ride on the round's wake, a bucket of a round plus an eighth, \
     64 entries a call): 275 epoll_wait, 495 recvmmsg, no eventfd write, and agent / floor \
     went from 1.67 to 1.06. Then a round goes out in one sendmmsg (64 sendmsg before), in \
-    the agent and in probe-floor alike: 5-20% less CPU for both, less than hoped, because \
+    the agent and in probe-floor alike: about 7% less CPU for both (A/B, 3 runs each), \
+    less than hoped, because \
     the ACKs, no longer held back by the send loop, come back in more, smaller groups \
     (about 120 epoll_wait a second instead of 28). What is left is the traffic: on loopback the sender's \
     syscall also runs the receiving socket's delivery, so probe-floor itself costs 0.6-0.7% \
