@@ -176,8 +176,8 @@ pub const UPROBE_PROGRAMS: [(&str, &str, bool); 4] = [
     ("ibv_destroy_qp", "ibv_destroy_qp", true),
 ];
 
-/// The QP event ring's default size: 1,800 events. tracer-bench's storm (70,000 QP
-/// calls a second on two cores) drops none at this size (BENCHMARKS.md).
+/// The QP event ring's default size: 1,800 events. tracer-bench's storm (62,000-66,000
+/// QP calls a second on two cores, uprobe mode) dropped none at this size, nor at 16 KiB.
 pub const DEFAULT_RING_BYTES: u32 = 256 << 10;
 /// The programs' diagnostics ring (aya-log; its crate's default is 128 KiB): a record
 /// is 64-256 bytes and a diagnostic is counted per distinct message, so a few hundred
