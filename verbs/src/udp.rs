@@ -600,8 +600,6 @@ impl UdpEndpoint {
             }
         }
     }
-
-
 }
 
 /// How a send asks for its TX timestamp.

@@ -66,7 +66,9 @@ const SPECS: &[Spec] = &[
         conffiles: &["/etc/rpingmesh/agent.yaml"],
         unit: "rpingmesh-agent.service",
         extra_depends: &["adduser"],
-        recommends: "rdma-core, ibverbs-providers",
+        // The agent opens libibverbs and librdmacm with dlopen for the rdma transport
+        // only: a udp agent runs without them, so they are recommended, not required.
+        recommends: "libibverbs1, librdmacm1, ibverbs-providers, rdma-core",
     },
     Spec {
         name: "rpingmesh-controller",

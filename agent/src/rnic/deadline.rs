@@ -136,6 +136,9 @@ mod tests {
         t.arm(start + 10_000_000).unwrap();
         t.expired().await.unwrap();
         let waited = monotonic_ns() - start;
-        assert!(waited >= 10_000_000, "fired on the stale edge after {waited} ns");
+        assert!(
+            waited >= 10_000_000,
+            "fired on the stale edge after {waited} ns"
+        );
     }
 }

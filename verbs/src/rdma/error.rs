@@ -9,6 +9,14 @@ pub enum RdmaError {
     /// empty list, or /sys/class/infiniband is empty.
     #[error("no RDMA devices: {reason}; use transport: udp")]
     NoDevices { reason: String },
+    /// rdma-core's library cannot be opened: not installed, or too old to have a symbol
+    /// we call.
+    #[error("cannot load {soname}: {reason}; install {package} or use transport: udp")]
+    Library {
+        soname: &'static str,
+        package: &'static str,
+        reason: String,
+    },
     /// Devices exist but none passes `allowed_device_names`.
     #[error("no RDMA devices: none of [{}] matches allowed_device_names [{}]; use transport: udp", found.join(", "), allowed.join(", "))]
     NoAllowedDevice {

@@ -18,7 +18,7 @@ use std::net::Ipv6Addr;
 use std::ptr::{self, NonNull};
 use std::sync::Arc;
 
-use rdma_sys::*;
+use rdma_core::*;
 
 use super::completion::WcRecord;
 use super::error::{device_list_null_reason, RdmaError};
@@ -30,6 +30,7 @@ mod cq;
 mod mr;
 mod pd;
 mod qp;
+mod rdma_core;
 
 #[cfg(test)]
 use context::{async_event_has_port, async_event_name};
@@ -71,6 +72,7 @@ pub(super) struct DeviceList {
 
 impl DeviceList {
     pub(super) fn get() -> Result<DeviceList, RdmaError> {
+        load_ibverbs()?;
         let mut n: i32 = 0;
         // SAFETY: plain call; the list is freed by Drop.
         let list = unsafe { ibv_get_device_list(&mut n) };

@@ -226,7 +226,8 @@ async fn a_batch_goes_out_in_order_and_a_refused_datagram_costs_only_itself() {
     let a = UdpEndpoint::bind("127.0.0.1:0".parse().unwrap(), "a").unwrap();
     let b = UdpEndpoint::bind("127.0.0.1:0".parse().unwrap(), "b").unwrap();
     // The first send settles the id mode; batches need explicit ids (Linux >= 6.13).
-    a.send(&b.local(), &SendParams::default(), &[0xee; 8]).unwrap();
+    a.send(&b.local(), &SendParams::default(), &[0xee; 8])
+        .unwrap();
     if !a.explicit_send_ids() {
         eprintln!("skipped: this kernel has no explicit send ids (one-by-one fallback)");
         return;
@@ -256,7 +257,10 @@ async fn a_batch_goes_out_in_order_and_a_refused_datagram_costs_only_itself() {
         results[7].as_ref().unwrap_err().raw_os_error(),
         Some(libc::EMSGSIZE)
     );
-    let ids: Vec<SendId> = results.iter().filter_map(|r| r.as_ref().ok().copied()).collect();
+    let ids: Vec<SendId> = results
+        .iter()
+        .filter_map(|r| r.as_ref().ok().copied())
+        .collect();
     let mut got = Vec::new();
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
     while got.len() < n - 2 {

@@ -14,7 +14,7 @@ use std::ptr::{self, NonNull};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdma_sys::*;
+use super::rdma_core::*;
 
 use super::{rc, verbs_err, Context, Cq, HostMem, Mr, Pd};
 use crate::rdma::completion::WcRecord;
@@ -110,6 +110,7 @@ pub const EV_DISCONNECTED: u32 = rdma_cm_event_type::RDMA_CM_EVENT_DISCONNECTED 
 
 impl EventChannel {
     pub fn create() -> Result<Arc<EventChannel>, RdmaError> {
+        load_rdmacm()?;
         // SAFETY: no preconditions.
         let ch = unsafe { rdma_create_event_channel() };
         let ch = NonNull::new(ch)

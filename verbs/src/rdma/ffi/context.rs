@@ -120,7 +120,7 @@ impl Context {
         // SAFETY: zeroed plain struct the call fills.
         let mut attr: ibv_port_attr = unsafe { std::mem::zeroed() };
         // SAFETY: valid context; `attr` outlives the call.
-        let r = unsafe { ___ibv_query_port(self.ctx.as_ptr(), port, &mut attr) };
+        let r = unsafe { query_port(self.ctx.as_ptr(), port, &mut attr) };
         rc(&self.name, "ibv_query_port", r)?;
         // enum ibv_mtu: 1 = 256 ... 5 = 4096.
         let code = attr.active_mtu as u32;

@@ -124,7 +124,7 @@ impl Cq {
             | ibv_create_cq_wc_flags::IBV_WC_EX_WITH_SRC_QP
             | ibv_create_cq_wc_flags::IBV_WC_EX_WITH_COMPLETION_TIMESTAMP)
             .0 as u64;
-        let p = unsafe { ibv_create_cq_ex(ctx.ctx.as_ptr(), &mut attr) }.unwrap_or(ptr::null_mut());
+        let p = unsafe { ibv_create_cq_ex(ctx.ctx.as_ptr(), &mut attr) };
         match NonNull::new(p) {
             Some(p) => Ok(Arc::new(Cq {
                 cq: CqPtr::Ex(p),
