@@ -117,7 +117,7 @@ pub fn start<R: Into<OpenedRnic>>(
                 tokio::task::spawn_blocking(move || service::start_tracer(&tracer_cfg, devices))
                     .await;
             // The kernel BTF parse is start-up's largest transient.
-            crate::heap::trim();
+            crate::resident::trim();
             if let Ok(Some(tracer)) = started {
                 service::run_flow_reporter(
                     tracer, client, registrar, params, metrics, kick_tx, shutdown,
@@ -233,7 +233,7 @@ pub fn start<R: Into<OpenedRnic>>(
         registrar.clone(),
         shutdown_tx.subscribe(),
     )));
-    monitors.push(tokio::spawn(crate::heap::trim_periodically()));
+    monitors.push(tokio::spawn(crate::resident::trim_periodically()));
     if hostping {
         monitors.push(tokio::spawn(host_monitor::run(
             Arc::new(cfg.clone()),
