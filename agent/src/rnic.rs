@@ -33,8 +33,10 @@ use crate::watchdog::SharedMultiplier;
 mod deadline;
 mod send_table;
 mod state;
+mod watches;
 
 pub use deadline::DeadlineTimer;
+use watches::DriverWatches;
 
 use send_table::IdMap;
 pub use send_table::SendTable;
@@ -45,11 +47,9 @@ use send_table::SEND_TABLE_SPAN;
 const SEND_BURST: usize = 64;
 /// Non-blocking completion re-polls after a batch of events that sent timed datagrams.
 const DRAIN_ROUNDS: usize = 4;
-/// Timer deadlines that need no precision (probe timeouts) are rounded up to this many
-/// ns, so the timer is not re-armed after every probe.
+/// Timer deadlines (probe timeouts, send times) are rounded up to this many ns, so the
+/// timer is neither re-armed after every probe nor fired every few microseconds.
 const TIMER_GRANULARITY_NS: u64 = 1 << 20;
-/// Longest a busy driver goes without awaiting its shutdown and pinglist watches.
-const WATCH_POLL_NS: u64 = 10_000_000;
 /// How often timers that need no precision run (pending sweeps, report flushes). Each
 /// is due at its period but runs on whatever wakes the driver next (a round's sends, an
 /// ACK); only after half a period more does it wake the driver itself, so a driver that
@@ -445,13 +445,9 @@ impl RnicDriver {
         let lists = io.pinglists.borrow_and_update().clone();
         state.apply_pinglists(&endpoint, &lists, monotonic_ns());
         let mut pinglists_open = true;
-        // While events keep coming, the shutdown and pinglist watches are checked with an
-        // atomic load per turn instead of being awaited: awaiting registers and drops a
-        // waiter on each of them every turn, i.e. several times per probe. An idle driver
-        // (last wake not I/O) awaits them, so it reacts at once; so does one whose next
-        // deadline is over WATCH_POLL_NS away. A busy one reacts at its next event or
-        // deadline, within WATCH_POLL_NS: no wake-up of its own is spent on the watches.
-        let mut last_wake_io = false;
+        // Noticed at no cost per turn (watches.rs): a waiter registered once per change,
+        // and two atomic loads in each turn's wait.
+        let mut watches = DriverWatches::default();
         let mut events: Vec<TransportEvent> = Vec::with_capacity(256);
         let mut timer = match DeadlineTimer::new() {
             Ok(t) => t,
@@ -460,16 +456,16 @@ impl RnicDriver {
         let mut io_errors = 0u64;
         let mut rdma_stats = RdmaStatsExport::default();
         enum Wake {
-            Shutdown,
+            Watches,
             Io(std::io::Result<()>),
-            Pinglists(bool),
             Timer,
         }
         let exit = loop {
             match io.shutdown.has_changed() {
                 Err(_) => break DriverExit::Shutdown,
                 Ok(true) if *io.shutdown.borrow_and_update() => break DriverExit::Shutdown,
-                Ok(_) => {}
+                Ok(true) => watches.taken(),
+                Ok(false) => {}
             }
             if pinglists_open {
                 match io.pinglists.has_changed() {
@@ -477,6 +473,7 @@ impl RnicDriver {
                     Ok(true) => {
                         let lists = io.pinglists.borrow_and_update().clone();
                         state.apply_pinglists(&endpoint, &lists, monotonic_ns());
+                        watches.taken();
                     }
                     Ok(false) => {}
                 }
@@ -490,26 +487,28 @@ impl RnicDriver {
             for (to, params) in state.lost_paths.drain(..) {
                 endpoint.note_loss(&to, &params);
             }
-            let deadline = state.next_deadline(now);
-            let watch = !last_wake_io || deadline > now.saturating_add(WATCH_POLL_NS);
-            if let Err(e) = timer.arm(deadline) {
+            if let Err(e) = timer.arm(state.next_deadline(now)) {
                 break DriverExit::TransportFailed(e);
             }
+            watches
+                .arm(&io.shutdown, &io.pinglists, pinglists_open)
+                .await;
+            let changed = std::future::poll_fn(|_| {
+                match DriverWatches::changed(&io.shutdown, &io.pinglists, pinglists_open) {
+                    true => std::task::Poll::Ready(()),
+                    false => std::task::Poll::Pending,
+                }
+            });
             let wake = tokio::select! {
                 biased;
-                r = io.shutdown.changed(), if watch => {
-                    if r.is_err() || *io.shutdown.borrow() { Wake::Shutdown } else { Wake::Timer }
-                }
+                () = changed => Wake::Watches,
                 r = endpoint.wait_events(&mut events) => Wake::Io(r),
-                r = io.pinglists.changed(), if watch && pinglists_open => Wake::Pinglists(r.is_ok()),
                 r = timer.expired() => match r {
                     Ok(()) => Wake::Timer,
                     Err(e) => Wake::Io(Err(e)),
                 },
             };
-            last_wake_io = matches!(wake, Wake::Io(_));
             match wake {
-                Wake::Shutdown => break DriverExit::Shutdown,
                 Wake::Io(Ok(())) => {
                     if let Err(e) = state.handle_events(&endpoint, &mut events) {
                         break DriverExit::TransportFailed(e);
@@ -525,13 +524,8 @@ impl RnicDriver {
                     }
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
-                Wake::Pinglists(true) => {
-                    let lists = io.pinglists.borrow_and_update().clone();
-                    state.apply_pinglists(&endpoint, &lists, monotonic_ns());
-                }
-                // The monitor is gone: keep probing the last lists.
-                Wake::Pinglists(false) => pinglists_open = false,
-                Wake::Timer => {}
+                // Taken at the top of the next turn.
+                Wake::Watches | Wake::Timer => {}
             }
         };
         rdma_stats.export(&endpoint, &state.metrics);

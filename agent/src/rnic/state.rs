@@ -122,16 +122,22 @@ impl State {
         housekeeping
     }
 
+    /// When the driver must wake next. Probe timeouts and send times are rounded up to
+    /// `TIMER_GRANULARITY_NS`: a timeout or a round a millisecond late is fine, while a
+    /// timer re-armed per probe, or one firing every few microseconds while the next
+    /// token accrues (a fast pace limited by its bucket), cost a syscall and a wake-up
+    /// each (agent-bench's pipelined probes/s halved with exact send times).
     pub(super) fn next_deadline(&self, now: u64) -> u64 {
+        let round_up =
+            |t: u64| t.saturating_add(TIMER_GRANULARITY_NS - 1) & !(TIMER_GRANULARITY_NS - 1);
         let mut d = (self.next_housekeeping_ns + HOUSEKEEPING_NS / 2)
             .min(self.next_flush_ns + REPORT_FLUSH_NS / 2);
         if let Some(t) = self.prober.next_timeout() {
-            // Rounded up: a timeout a millisecond late is fine; re-arming per probe is not.
-            d = d.min(t.saturating_add(TIMER_GRANULARITY_NS - 1) & !(TIMER_GRANULARITY_NS - 1));
+            d = d.min(round_up(t));
         }
         if self.has_targets && self.prober.in_flight() < self.p.max_in_flight {
             if let Some(t) = self.scheduler.next_wakeup_ns(now) {
-                d = d.min(t);
+                d = d.min(round_up(t));
             }
         }
         d

@@ -15,24 +15,54 @@ const RECV_CTL_LEN: usize = 192;
 struct RecvCtl([u8; RECV_CTL_LEN]);
 
 /// Reusable receive buffers for one recvmmsg call (kept per endpoint: no per-call
-/// zeroing of several KiB).
+/// zeroing of several KiB). The headers point into the same (boxed, never moved) slots
+/// from the start; a call resets only the lengths and flags of the entries the last call
+/// may have written.
 pub(super) struct RecvSlots {
     data: [[u8; RECV_DATA_LEN]; RECV_BATCH],
     ctl: [RecvCtl; RECV_BATCH],
     addr: [libc::sockaddr_storage; RECV_BATCH],
     iov: [libc::iovec; RECV_BATCH],
     hdr: [libc::mmsghdr; RECV_BATCH],
+    /// Entries the kernel may have written since their last reset.
+    dirty: usize,
 }
 
-// SAFETY: the raw pointers inside `iov`/`hdr` only ever point into the same RecvSlots and
-// are rebuilt before every use; the slots are reached through a Mutex.
+// SAFETY: the raw pointers inside `iov`/`hdr` only ever point into the same boxed
+// RecvSlots; the slots are reached through a Mutex.
 unsafe impl Send for RecvSlots {}
 
 impl RecvSlots {
     pub(super) fn new() -> Box<RecvSlots> {
-        // SAFETY: every field is plain data for which all-zero bytes are valid (null
-        // pointers are rebuilt before use).
-        Box::new(unsafe { zeroed() })
+        // SAFETY: every field is plain data for which all-zero bytes are valid; the
+        // pointers are set below, once the box has its final address.
+        let mut s: Box<RecvSlots> = Box::new(unsafe { zeroed() });
+        let s_ref: &mut RecvSlots = &mut s;
+        for i in 0..RECV_BATCH {
+            s_ref.iov[i] = libc::iovec {
+                iov_base: s_ref.data[i].as_mut_ptr() as *mut libc::c_void,
+                iov_len: RECV_DATA_LEN,
+            };
+            let h = &mut s_ref.hdr[i].msg_hdr;
+            h.msg_name = &mut s_ref.addr[i] as *mut _ as *mut libc::c_void;
+            h.msg_iov = &mut s_ref.iov[i];
+            h.msg_iovlen = 1;
+            h.msg_control = s_ref.ctl[i].0.as_mut_ptr() as *mut libc::c_void;
+        }
+        s_ref.dirty = RECV_BATCH;
+        s
+    }
+
+    /// Resets what recvmmsg writes back (name and control lengths, flags, length) in the
+    /// entries it may have used.
+    fn reset(&mut self) {
+        for m in &mut self.hdr[..self.dirty] {
+            m.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            m.msg_hdr.msg_controllen = RECV_CTL_LEN as _;
+            m.msg_hdr.msg_flags = 0;
+            m.msg_len = 0;
+        }
+        self.dirty = 0;
     }
 }
 
@@ -86,21 +116,7 @@ impl UdpEndpoint {
     fn recv_batch(&self, errqueue: bool, out: &mut Vec<TransportEvent>) -> io::Result<bool> {
         let mut guard = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         let s: &mut RecvSlots = &mut guard;
-        for i in 0..RECV_BATCH {
-            s.iov[i] = libc::iovec {
-                iov_base: s.data[i].as_mut_ptr() as *mut libc::c_void,
-                iov_len: RECV_DATA_LEN,
-            };
-            let h = &mut s.hdr[i].msg_hdr;
-            h.msg_name = &mut s.addr[i] as *mut _ as *mut libc::c_void;
-            h.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-            h.msg_iov = &mut s.iov[i];
-            h.msg_iovlen = 1;
-            h.msg_control = s.ctl[i].0.as_mut_ptr() as *mut libc::c_void;
-            h.msg_controllen = RECV_CTL_LEN as _;
-            h.msg_flags = 0;
-            s.hdr[i].msg_len = 0;
-        }
+        s.reset();
         let flags =
             libc::MSG_DONTWAIT | libc::MSG_TRUNC | if errqueue { libc::MSG_ERRQUEUE } else { 0 };
         let n = loop {
@@ -115,6 +131,9 @@ impl UdpEndpoint {
                     std::ptr::null_mut(),
                 )
             };
+            // A failed entry is left as it was; one past the last filled is reset too,
+            // for margin.
+            s.dirty = (r.max(0) as usize + 1).min(RECV_BATCH);
             if r >= 0 {
                 break r as usize;
             }
