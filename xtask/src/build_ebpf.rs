@@ -40,7 +40,8 @@ pub fn build_ebpf(root: &Path) -> Result<PathBuf> {
     );
     let started = std::time::Instant::now();
     let mut cmd = Command::new(&cargo);
-    cmd.current_dir(&crate_dir)
+    without_parent_cargo_env(&mut cmd)
+        .current_dir(&crate_dir)
         .args([
             "+nightly",
             "build",
@@ -57,17 +58,6 @@ pub fn build_ebpf(root: &Path) -> Result<PathBuf> {
             "CARGO_ENCODED_RUSTFLAGS",
             "-C\x1fdebuginfo=2\x1f-C\x1flink-arg=--btf",
         );
-    // The parent cargo (stable) leaks its toolchain choice into children; drop it.
-    for var in [
-        "RUSTUP_TOOLCHAIN",
-        "RUSTC",
-        "RUSTC_WRAPPER",
-        "RUSTC_WORKSPACE_WRAPPER",
-        "RUSTFLAGS",
-        "CARGO_BUILD_TARGET",
-    ] {
-        cmd.env_remove(var);
-    }
     run(&mut cmd, "cargo +nightly build (agent-ebpf)")?;
     let obj = target_dir.join(EBPF_TARGET).join("release").join(EBPF_BIN);
     if !obj.is_file() {
@@ -113,6 +103,25 @@ fn strip_debug(obj: &Path) -> Result<PathBuf> {
             .with_context(|| format!("writing {}", embedded.display()))?;
     }
     Ok(embedded)
+}
+
+/// Drops what the stable parent cargo leaks into a child cargo (its toolchain choice,
+/// wrappers, flags, build target and target dir): the child, often `+nightly`, picks its
+/// own. Set what the child needs after this.
+pub(crate) fn without_parent_cargo_env(cmd: &mut Command) -> &mut Command {
+    for var in [
+        "RUSTUP_TOOLCHAIN",
+        "RUSTC",
+        "RUSTC_WRAPPER",
+        "RUSTC_WORKSPACE_WRAPPER",
+        "RUSTFLAGS",
+        "CARGO_ENCODED_RUSTFLAGS",
+        "CARGO_BUILD_TARGET",
+        "CARGO_TARGET_DIR",
+    ] {
+        cmd.env_remove(var);
+    }
+    cmd
 }
 
 /// The rustup proxy (understands `+nightly`), not the toolchain cargo running xtask.
@@ -232,27 +241,17 @@ fn ensure_bpf_linker(tools: &Path, cargo: &Path) -> Result<PathBuf> {
     );
     let started = std::time::Instant::now();
     let mut cmd = Command::new(cargo);
-    cmd.args([
-        "install",
-        &format!("bpf-linker@{BPF_LINKER_VERSION}"),
-        "--locked",
-        "--no-default-features",
-    ])
-    .args(["--features", &format!("llvm-{major}"), "--root"])
-    .arg(tools)
-    .env("LLVM_PREFIX", &prefix)
-    .current_dir(tools);
-    for var in [
-        "RUSTUP_TOOLCHAIN",
-        "RUSTC",
-        "RUSTC_WRAPPER",
-        "RUSTC_WORKSPACE_WRAPPER",
-        "RUSTFLAGS",
-        "CARGO_TARGET_DIR",
-        "CARGO_BUILD_TARGET",
-    ] {
-        cmd.env_remove(var);
-    }
+    without_parent_cargo_env(&mut cmd)
+        .args([
+            "install",
+            &format!("bpf-linker@{BPF_LINKER_VERSION}"),
+            "--locked",
+            "--no-default-features",
+        ])
+        .args(["--features", &format!("llvm-{major}"), "--root"])
+        .arg(tools)
+        .env("LLVM_PREFIX", &prefix)
+        .current_dir(tools);
     run(&mut cmd, "cargo install bpf-linker")?;
     eprintln!(
         "build-ebpf: bpf-linker built in {:.0}s",

@@ -164,20 +164,9 @@ fn nightly_cargo(tools: &Path) -> Command {
     if let Some(p) = std::env::var_os("PATH") {
         path.extend(std::env::split_paths(&p));
     }
-    c.env("PATH", std::env::join_paths(path).unwrap_or_default())
+    crate::build_ebpf::without_parent_cargo_env(&mut c)
+        .env("PATH", std::env::join_paths(path).unwrap_or_default())
         .current_dir(crate::root());
-    for var in [
-        "RUSTUP_TOOLCHAIN",
-        "RUSTC",
-        "RUSTC_WRAPPER",
-        "RUSTC_WORKSPACE_WRAPPER",
-        "RUSTFLAGS",
-        "CARGO_ENCODED_RUSTFLAGS",
-        "CARGO_BUILD_TARGET",
-        "CARGO_TARGET_DIR",
-    ] {
-        c.env_remove(var);
-    }
     c
 }
 
