@@ -201,6 +201,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
     all.push(Proc::spawn(
         &dir,
         "controller",
+        None,
         &controller_bin,
         &layout.controller_args(&listen, &db, &http, &metrics),
     )?);
@@ -212,6 +213,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
         all.push(Proc::spawn(
             &dir,
             &id,
+            None,
             &agent_bin,
             &layout.agent_args(i, &listen),
         )?);
@@ -287,12 +289,12 @@ async fn show(
             _ = stop_at => { eprintln!("xtask demo: --duration reached"); return Ok(()); }
             _ = tick.tick() => {}
         }
-        if let Some(st) = all[0].exit_status() {
-            bail!("controller exited ({st}):\n{}", all[0].log_tail(20));
+        if let Some(st) = all[0].poll_exit() {
+            bail!("controller exited ({st}):\n{}", procs::log_tail(&all[0], 20));
         }
         let mut dead = Vec::new();
         for p in all[1..].iter_mut() {
-            if let Some(st) = p.exit_status() {
+            if let Some(st) = p.poll_exit() {
                 dead.push(format!("{} ({st})", p.name));
             }
         }

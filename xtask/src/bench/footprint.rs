@@ -57,17 +57,22 @@ fn floor_run(dir: &Path, responders: &[String], all: &mut Vec<Proc>) -> Result<f
     all.push(Proc::spawn(
         dir,
         "probe-floor",
+        None,
         &procs::release_bin("probe-floor")?,
         &args,
     )?);
     let i = all.len() - 1;
     std::thread::sleep(Duration::from_secs(3));
     check_alive(all)?;
-    let before = floor_counts(&all[i].log_text())
-        .with_context(|| format!("probe-floor printed no counts:\n{}", all[i].log_tail(10)))?;
+    let before = floor_counts(&all[i].stderr()).with_context(|| {
+        format!(
+            "probe-floor printed no counts:\n{}",
+            procs::log_tail(&all[i], 10)
+        )
+    })?;
     let (cpu, _) = sample_cpu(all[i].pid())?;
     check_alive(all)?;
-    let after = floor_counts(&all[i].log_text()).context("probe-floor stopped counting")?;
+    let after = floor_counts(&all[i].stderr()).context("probe-floor stopped counting")?;
     let (sent, acks) = (after.0 - before.0, after.1 - before.1);
     if sent == 0 || (acks as f64) < 1.9 * sent as f64 {
         bail!("probe-floor: {acks} ACKs for {sent} probes (two per probe expected)");
@@ -103,6 +108,7 @@ pub(super) fn footprint_run() -> Result<Footprint> {
     all.push(Proc::spawn(
         dir,
         "controller",
+        None,
         &controller_bin,
         &[
             "--listen-addr",
@@ -143,7 +149,7 @@ pub(super) fn footprint_run() -> Result<Footprint> {
     .to_vec();
     resp_args.push("--udp-addresses".into());
     resp_args.push(responders.join(","));
-    all.push(Proc::spawn(dir, "responder", &agent_bin, &resp_args)?);
+    all.push(Proc::spawn(dir, "responder", None, &agent_bin, &resp_args)?);
 
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -176,7 +182,13 @@ pub(super) fn footprint_run() -> Result<Footprint> {
         ]
         .map(String::from);
         let spawned = Instant::now();
-        all.push(Proc::spawn(dir, "measured", &agent_bin, &measured_args)?);
+        all.push(Proc::spawn(
+            dir,
+            "measured",
+            None,
+            &agent_bin,
+            &measured_args,
+        )?);
         let pid = all[2].pid();
         // Warm-up: until the measured agent reports successful paths to every target.
         rt.block_on(wait_targets(
@@ -203,11 +215,11 @@ pub(super) fn footprint_run() -> Result<Footprint> {
         let rss_max = rss.iter().copied().max().unwrap_or(0);
         let (rate, targets) = rt.block_on(probe_rate(addr, start_unix))?;
         for p in all.iter_mut() {
-            if let Some(st) = p.exit_status() {
+            if let Some(st) = p.poll_exit() {
                 bail!(
                     "{} exited ({st}) during the bench:\n{}",
                     p.name,
-                    p.log_tail(20)
+                    procs::log_tail(p, 20)
                 );
             }
         }
@@ -238,8 +250,8 @@ pub(super) fn unix_ns() -> u64 {
 
 pub(super) fn check_alive(all: &mut [Proc]) -> Result<()> {
     for p in all.iter_mut() {
-        if let Some(st) = p.exit_status() {
-            bail!("{} exited ({st}):\n{}", p.name, p.log_tail(20));
+        if let Some(st) = p.poll_exit() {
+            bail!("{} exited ({st}):\n{}", p.name, procs::log_tail(p, 20));
         }
     }
     Ok(())
