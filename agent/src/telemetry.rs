@@ -157,6 +157,7 @@ pub struct Metrics {
     rc_ring_rtt: Histogram<u64>,
     rc_ring_total: Counter<u64>,
     rc_ring_failed: Counter<u64>,
+    rc_ring_discarded_credit_reads: Counter<u64>,
     /// For instruments built elsewhere (the Hostping monitor's gauges).
     meter: Meter,
 }
@@ -173,6 +174,7 @@ impl Metrics {
         m.event_ring_dropped.add(0, &[]);
         m.qp_resets.add(0, &[]);
         m.tracer_ringbuf_dropped.add(0, &[]);
+        m.rc_ring_discarded_credit_reads.add(0, &[]);
         m
     }
 
@@ -245,6 +247,10 @@ impl Metrics {
                 .u64_counter("rpingmesh.rc_ring_probe_failed_total")
                 .with_description("RC ring echo probes without an echo in time (reason=lost) or without an exact RTT (reason=late)")
                 .build(),
+            rc_ring_discarded_credit_reads: meter
+                .u64_counter("rpingmesh.rc_ring_discarded_credit_reads_total")
+                .with_description("RDMA reads of a peer ring's credit that returned an impossible count (a read torn by the peer's concurrent update) and were read again")
+                .build(),
             meter: meter.clone(),
         }
     }
@@ -262,6 +268,13 @@ impl Metrics {
             Outcome::Lost { .. } => self
                 .rc_ring_failed
                 .add(1, &[attrs[0].clone(), KeyValue::new("reason", "lost")]),
+        }
+    }
+
+    /// Torn credit reads an RC ring discarded since the last call (a delta).
+    pub fn record_rc_ring_discarded_credit_reads(&self, n: u64) {
+        if n > 0 {
+            self.rc_ring_discarded_credit_reads.add(n, &[]);
         }
     }
 
@@ -562,7 +575,13 @@ mod tests {
         assert_eq!(dropped.len(), DropReason::ALL.len());
         assert!(dropped.contains(&(vec!["reason=bad_length".to_string()], 1)));
         assert_eq!(dropped.iter().map(|d| d.1).sum::<u64>(), 1);
-        assert_eq!(sum("rpingmesh.agent.transport_failures_total")[0].1, 0);
+        // Health counters are there from the start, at 0.
+        for n in [
+            "rpingmesh.agent.transport_failures_total",
+            "rpingmesh.rc_ring_discarded_credit_reads_total",
+        ] {
+            assert_eq!(sum(n), vec![(vec![], 0)], "{n}");
+        }
     }
 
     #[test]
@@ -616,6 +635,9 @@ mod tests {
         t.metrics.record_failure(&svc, FailReason::Timeout);
         t.metrics.record_tracer_ringbuf_dropped(3);
         t.metrics.record_tracer_ringbuf_dropped(0);
+        t.metrics.record_rc_ring_discarded_credit_reads(2);
+        t.metrics.record_rc_ring_discarded_credit_reads(0);
+        t.metrics.record_rc_ring_discarded_credit_reads(5);
         t.provider().force_flush().unwrap();
         let got = exporter.get_finished_metrics().unwrap();
         let metrics: Vec<_> = got
@@ -673,6 +695,10 @@ mod tests {
         assert_eq!(
             attrs("rpingmesh.agent.tracer_ringbuf_dropped_total"),
             vec![(vec![], 3)]
+        );
+        assert_eq!(
+            attrs("rpingmesh.rc_ring_discarded_credit_reads_total"),
+            vec![(vec![], 7)]
         );
     }
 }

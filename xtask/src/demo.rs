@@ -290,7 +290,10 @@ async fn show(
             _ = tick.tick() => {}
         }
         if let Some(st) = all[0].poll_exit() {
-            bail!("controller exited ({st}):\n{}", procs::log_tail(&all[0], 20));
+            bail!(
+                "controller exited ({st}):\n{}",
+                procs::log_tail(&all[0], 20)
+            );
         }
         let mut dead = Vec::new();
         for p in all[1..].iter_mut() {

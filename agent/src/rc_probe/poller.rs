@@ -69,6 +69,8 @@ struct OutRing {
     prober: EchoProber,
     /// Every path this ring measures (kept current with the pinglists).
     paths: Vec<RcPath>,
+    /// The ring's discarded credit reads already counted in the metric.
+    discards_exported: u64,
 }
 
 struct InRing {
@@ -406,6 +408,7 @@ impl Poller {
                             ring,
                             prober,
                             paths,
+                            discards_exported: 0,
                         },
                     );
                 }
@@ -596,6 +599,11 @@ impl Poller {
         let mut failed = Vec::new();
         for (w, o) in self.out.iter_mut() {
             let (metrics, windows) = (&self.metrics, &mut self.windows);
+            let discards = o.ring.discarded_credit_reads();
+            metrics.record_rc_ring_discarded_credit_reads(
+                discards.saturating_sub(o.discards_exported),
+            );
+            o.discards_exported = o.discards_exported.max(discards);
             let r = o
                 .ring
                 .poll_completions()

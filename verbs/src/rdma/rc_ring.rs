@@ -205,6 +205,11 @@ impl RcRing {
         self.credit_reads
     }
 
+    /// Credit reads discarded as torn (an impossible count, read again), from the start.
+    pub fn discarded_credit_reads(&self) -> u64 {
+        self.sender.discarded_credit_reads()
+    }
+
     /// Retires completed work requests and applies credit values; any error completion
     /// fails the ring.
     pub fn poll_completions(&mut self) -> Result<usize, RingError> {
