@@ -175,15 +175,12 @@ library!(Rdmacm, RDMACM, rdmacm, load_rdmacm, "librdmacm.so.1", "librdmacm1" {
 const ABI_IS_EXTENDED: usize = usize::MAX;
 
 /// The extended context around `ctx` if its provider is new enough to have the op at
-/// `op_offset` and filled it (verbs.h's `verbs_get_ctx_op`); `filled` reads the op.
+/// `op_offset` (verbs.h's `verbs_get_ctx_op`; the caller then takes the op, None when the
+/// provider left it empty).
 ///
 /// # Safety
 /// `ctx` is an open context.
-unsafe fn extended(
-    ctx: *mut ibv_context,
-    op_offset: usize,
-    filled: impl Fn(&verbs_context) -> bool,
-) -> Option<&'static verbs_context> {
+unsafe fn extended<'a>(ctx: *mut ibv_context, op_offset: usize) -> Option<&'a verbs_context> {
     // SAFETY: the caller's context; abi_compat is its first-level field.
     if unsafe { (*ctx).abi_compat } as usize != ABI_IS_EXTENDED {
         return None;
@@ -195,7 +192,7 @@ unsafe fn extended(
     // `sz` counts the struct from the op table's older end: a provider built against an
     // older header has no room for the newer ops.
     let size = std::mem::size_of::<verbs_context>();
-    (vctx.sz >= size - op_offset && filled(vctx)).then_some(vctx)
+    (vctx.sz >= size - op_offset).then_some(vctx)
 }
 
 /// verbs.h's `ibv_query_device_ex`: the provider's extended query, else the legacy one.
@@ -208,9 +205,7 @@ pub(crate) unsafe fn ibv_query_device_ex(
     attr: *mut ibv_device_attr_ex,
 ) -> c_int {
     let off = offset_of!(verbs_context, query_device_ex);
-    if let Some(op) = unsafe { extended(ctx, off, |v| v.query_device_ex.is_some()) }
-        .and_then(|v| v.query_device_ex)
-    {
+    if let Some(op) = unsafe { extended(ctx, off) }.and_then(|v| v.query_device_ex) {
         let r = unsafe { op(ctx, input, attr, std::mem::size_of::<ibv_device_attr_ex>()) };
         if r != libc::EOPNOTSUPP && r != libc::ENOSYS {
             return r;
@@ -232,7 +227,7 @@ pub(crate) unsafe fn ibv_create_cq_ex(
     attr: *mut ibv_cq_init_attr_ex,
 ) -> *mut ibv_cq_ex {
     let off = offset_of!(verbs_context, create_cq_ex);
-    match unsafe { extended(ctx, off, |v| v.create_cq_ex.is_some()) }.and_then(|v| v.create_cq_ex) {
+    match unsafe { extended(ctx, off) }.and_then(|v| v.create_cq_ex) {
         Some(op) => unsafe { op(ctx, attr) },
         None => {
             // SAFETY: errno is this thread's.
@@ -251,9 +246,7 @@ pub(crate) unsafe fn ibv_query_rt_values_ex(
     values: *mut ibv_values_ex,
 ) -> c_int {
     let off = offset_of!(verbs_context, query_rt_values);
-    match unsafe { extended(ctx, off, |v| v.query_rt_values.is_some()) }
-        .and_then(|v| v.query_rt_values)
-    {
+    match unsafe { extended(ctx, off) }.and_then(|v| v.query_rt_values) {
         Some(op) => unsafe { op(ctx, values) },
         None => libc::EOPNOTSUPP,
     }
@@ -270,7 +263,7 @@ pub(crate) unsafe fn query_port(
     attr: *mut ibv_port_attr,
 ) -> c_int {
     let off = offset_of!(verbs_context, query_port);
-    match unsafe { extended(ctx, off, |v| v.query_port.is_some()) }.and_then(|v| v.query_port) {
+    match unsafe { extended(ctx, off) }.and_then(|v| v.query_port) {
         Some(op) => unsafe { op(ctx, port, attr, std::mem::size_of::<ibv_port_attr>()) },
         // SAFETY: the caller's attr; the compat struct is its prefix.
         None => unsafe {
