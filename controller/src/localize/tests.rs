@@ -273,6 +273,23 @@ fn a_dead_rnic_on_a_tor_of_two() {
 }
 
 #[test]
+fn a_dead_rnic_whose_neighbour_has_one_path_off_the_tor() {
+    // Its one neighbour's paths are half to the dead RNIC: the neighbour looks broken as
+    // well until the dead RNIC's paths are set aside, and two broken RNICs of two read
+    // as a dead ToR. The neighbour's healthy inter-ToR paths say it is neither.
+    let mut f = Fab::new(2, 2, 1);
+    f.inter = 1;
+    f.rnic_loss.insert(gid(1, 1), 1.0);
+    for topo in [true, false] {
+        assert_eq!(
+            named(&f.explain(topo)),
+            vec![(ComponentKind::Rnic, "h2-2/r0".into(), Symptom::Down)],
+            "topology known: {topo}"
+        );
+    }
+}
+
+#[test]
 fn a_flapping_rnic() {
     let mut f = Fab::new(6, 4, 1);
     f.rnic_loss.insert(gid(4, 3), 0.3);

@@ -98,6 +98,41 @@ struct RnicStat {
 }
 
 impl RnicStat {
+    /// Counts path `r` for RNIC `x`, its prober, its target or both.
+    fn count(&mut self, r: &Rec<'_>, x: u32, lossy: bool) {
+        let (t, f) = (r.n.probe_total as u64, r.n.probe_failed as u64);
+        let local = r.tors[0] == r.tors[1];
+        let touched = r.n.probe_failed > 0;
+        for (end, out) in [(r.src, true), (r.dst, false)] {
+            if end != x {
+                continue;
+            }
+            if out {
+                self.out_total += t;
+                self.out_failed += f;
+            } else {
+                self.in_total += t;
+                self.in_failed += f;
+            }
+            self.paths += 1;
+            self.lossy_paths += lossy as u32;
+            self.touched_paths += touched as u32;
+            if local {
+                self.local_paths += 1;
+                self.lossy_local_paths += lossy as u32;
+                self.touched_local_paths += touched as u32;
+            }
+        }
+    }
+
+    /// How clearly broken: the share of its paths that are lossy, then its loss.
+    fn clarity(&self) -> (f64, f64) {
+        (
+            ratio(self.lossy_paths as f64, self.paths as f64),
+            self.out_loss() + self.in_loss(),
+        )
+    }
+
     /// Its peers fail to reach it and it fails to reach them: loss both ways, on most of
     /// its paths, ToR-local ones included (an uplink problem spares those).
     fn looks_broken(&self) -> bool {
@@ -277,49 +312,80 @@ impl Window<'_> {
         }
     }
 
+    /// Per-RNIC loss over the paths not yet explained.
     fn rnic_stats(&self) -> Vec<RnicStat> {
         let mut st = vec![RnicStat::default(); self.p.rnics.len()];
         for r in self.recs.iter().filter(|r| !r.explained) {
-            let lossy = self.is_lossy(r) as u32;
-            let touched = (r.n.probe_failed > 0) as u32;
-            let local = r.tors[0] == r.tors[1];
-            let (t, f) = (r.n.probe_total as u64, r.n.probe_failed as u64);
-            for (x, out) in [(r.src, true), (r.dst, false)] {
-                let s = &mut st[x as usize];
-                if out {
-                    s.out_total += t;
-                    s.out_failed += f;
-                } else {
-                    s.in_total += t;
-                    s.in_failed += f;
-                }
-                s.paths += 1;
-                s.lossy_paths += lossy;
-                s.touched_paths += touched;
-                if local {
-                    s.local_paths += 1;
-                    s.lossy_local_paths += lossy;
-                    s.touched_local_paths += touched;
-                }
+            let lossy = self.is_lossy(r);
+            st[r.src as usize].count(r, r.src, lossy);
+            if r.dst != r.src {
+                st[r.dst as usize].count(r, r.dst, lossy);
             }
         }
         st
     }
 
+    /// The RNICs that look broken, the most clearly broken first, each one's paths set
+    /// aside before the next is judged: a neighbour whose only failures are its paths to a
+    /// dead RNIC is not named with it (on a ToR of two, half of the neighbour's paths go to
+    /// the dead one). Also the stats of the rest, without the chosen ones' paths.
+    fn broken_rnics(&self) -> (Vec<(u32, RnicStat)>, Vec<RnicStat>) {
+        let n = self.p.rnics.len();
+        let mut on: Vec<Vec<usize>> = vec![Vec::new(); n];
+        for (i, r) in self.recs.iter().enumerate().filter(|(_, r)| !r.explained) {
+            on[r.src as usize].push(i);
+            if r.dst != r.src {
+                on[r.dst as usize].push(i);
+            }
+        }
+        let mut set_aside = vec![false; self.recs.len()];
+        let stat_of = |x: usize, set_aside: &[bool]| {
+            let mut s = RnicStat::default();
+            for &i in on[x].iter().filter(|&&i| !set_aside[i]) {
+                let r = &self.recs[i];
+                s.count(r, x as u32, self.is_lossy(r));
+            }
+            s
+        };
+        let mut st: Vec<RnicStat> = (0..n).map(|x| stat_of(x, &set_aside)).collect();
+        let mut chosen = Vec::new();
+        // A chosen RNIC has no paths left, so it never looks broken again.
+        while let Some(x) = (0..n)
+            .filter(|&x| st[x].looks_broken())
+            .reduce(|a, b| if st[b].clarity() > st[a].clarity() { b } else { a })
+        {
+            chosen.push((x as u32, st[x]));
+            let mut peers = Vec::new();
+            for &i in &on[x] {
+                if !set_aside[i] {
+                    set_aside[i] = true;
+                    let r = &self.recs[i];
+                    peers.push(if r.src as usize == x { r.dst } else { r.src } as usize);
+                }
+            }
+            st[x] = RnicStat::default();
+            for y in peers {
+                st[y] = stat_of(y, &set_aside);
+            }
+        }
+        (chosen, st)
+    }
+
     /// Step 2: a ToR nearly all of whose RNICs nobody reaches and reach nobody, its
     /// ToR-local paths included (dead uplinks spare those).
     fn tor_step(&mut self) {
-        let st = self.rnic_stats();
         let mut per_tor: BTreeMap<u32, (u32, u32)> = BTreeMap::new();
-        for (i, s) in st.iter().enumerate() {
-            if s.paths == 0 {
-                continue;
+        for (i, s) in self.rnic_stats().iter().enumerate() {
+            if s.paths > 0 {
+                per_tor.entry(self.p.rnics[i].tor).or_default().0 += 1;
             }
-            let e = per_tor.entry(self.p.rnics[i].tor).or_default();
-            e.0 += 1;
-            // As the RNIC rule sees one: a ToR going down mid-window (or back up) leaves
-            // every RNIC under it partly unreachable, not 90% so.
-            e.1 += s.looks_broken() as u32;
+        }
+        // As the RNIC rule sees them: a ToR going down mid-window (or back up) leaves
+        // every RNIC under it partly unreachable, not 90% so.
+        for (x, _) in self.broken_rnics().0 {
+            if let Some(e) = per_tor.get_mut(&self.p.rnics[x as usize].tor) {
+                e.1 += 1;
+            }
         }
         for (tor, (seen, dead)) in per_tor {
             if dead < 2 || (dead as f64) < TOR_DOWN_SHARE * seen as f64 {
@@ -361,16 +427,10 @@ impl Window<'_> {
     /// Step 3: an RNIC its peers fail to reach and that fails to reach them: most of its
     /// paths lossy both ways, ToR-local ones too.
     fn rnic_step(&mut self) {
-        let st = self.rnic_stats();
-        let mut blamed = Vec::new();
-        let mut grazed = Vec::new();
-        for (i, s) in st.iter().enumerate() {
-            if s.looks_broken() {
-                blamed.push((i as u32, *s));
-            } else if s.looks_grazed() {
-                grazed.push(i as u32);
-            }
-        }
+        let (blamed, rest) = self.broken_rnics();
+        let grazed: Vec<u32> = (0..rest.len() as u32)
+            .filter(|&x| rest[x as usize].looks_grazed())
+            .collect();
         for x in grazed {
             for r in self.recs.iter_mut().filter(|r| r.src == x || r.dst == x) {
                 r.explained = true;
