@@ -111,19 +111,64 @@ impl TlsMode {
 }
 
 /// Connection settings as given on the command line (flags already merged with their
-/// `RPINGMESH_*` variables by clap); `None` = not given.
-#[derive(Debug, Clone, Default)]
+/// `RPINGMESH_*` variables by clap); `None` = not given. Global: they go before or after
+/// the subcommand.
+#[derive(Debug, Clone, Default, clap::Args)]
+#[command(next_help_heading = "Connection")]
 pub struct Given {
+    /// Controller gRPC address (host:port, http:// or https://) [default: localhost:50051]
+    #[arg(long, global = true, env = "RPINGMESH_CONTROLLER_ADDR")]
     pub controller: Option<String>,
+    /// Agent YAML (configs/agent.yaml) to take controller_addr and tls_* from.
+    #[arg(long, global = true, value_name = "AGENT_YAML")]
     pub config: Option<PathBuf>,
+    /// disabled, tls (server authenticated) or mtls (client certificate too) [default: disabled]
+    #[arg(long, global = true, env = "RPINGMESH_TLS_MODE", value_enum)]
     pub tls_mode: Option<TlsMode>,
+    /// Client certificate (PEM), for mtls.
+    #[arg(
+        long,
+        global = true,
+        env = "RPINGMESH_TLS_CERT_FILE",
+        value_name = "PEM"
+    )]
     pub tls_cert_file: Option<String>,
+    /// Client private key (PEM), for mtls.
+    #[arg(
+        long,
+        global = true,
+        env = "RPINGMESH_TLS_KEY_FILE",
+        value_name = "PEM"
+    )]
     pub tls_key_file: Option<String>,
+    /// CA certificate (PEM) the controller's certificate must chain to, for tls and mtls.
+    #[arg(long, global = true, env = "RPINGMESH_TLS_CA_FILE", value_name = "PEM")]
     pub tls_ca_file: Option<String>,
+    /// Name to check the controller's certificate against (default: the address's host).
+    #[arg(
+        long,
+        global = true,
+        env = "RPINGMESH_TLS_SERVER_NAME",
+        value_name = "NAME"
+    )]
     pub tls_server_name: Option<String>,
-    /// File holding the operator bearer token.
+    /// File with an operator or viewer bearer token (sent as `authorization: Bearer`).
+    #[arg(long, global = true, env = "RPINGMESH_TOKEN_FILE", value_name = "FILE")]
     pub token_file: Option<PathBuf>,
+    /// Seconds to wait for the connection and for each call.
+    #[arg(long = "timeout-sec", global = true, visible_alias = "timeout", value_name = "SECS",
+          default_value = "5", value_parser = parse_timeout)]
     pub timeout: Duration,
+}
+
+/// `--timeout-sec`: whole seconds, 1 to 3600.
+fn parse_timeout(s: &str) -> Result<Duration, String> {
+    match s.parse::<u64>() {
+        Ok(n @ 1..=3600) => Ok(Duration::from_secs(n)),
+        _ => Err(format!(
+            "{s:?} is not a whole number of seconds from 1 to 3600"
+        )),
+    }
 }
 
 /// Resolved and validated connection settings.

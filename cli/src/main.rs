@@ -27,9 +27,7 @@ mod service_paths;
 mod trace;
 mod watch;
 
-use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use serde_json::json;
@@ -40,7 +38,7 @@ use rpingmesh_proto::operator::{
     ListTorPairsRequest, ListViolationsRequest,
 };
 
-use connect::{Failure, Given, Target, TlsMode};
+use connect::{Failure, Given, Target};
 use findings::FindingsArgs;
 use format::{loss_pct, or_dash, summary_json, us, utc, Table};
 use watch::WatchArgs;
@@ -67,101 +65,13 @@ Exit status:
     after_help = AFTER_HELP
 )]
 struct Cli {
-    /// Controller gRPC address (host:port, http:// or https://) [default: localhost:50051]
-    #[arg(
-        long,
-        global = true,
-        env = "RPINGMESH_CONTROLLER_ADDR",
-        help_heading = "Connection"
-    )]
-    controller: Option<String>,
-    /// Agent YAML (configs/agent.yaml) to take controller_addr and tls_* from.
-    #[arg(
-        long,
-        global = true,
-        value_name = "AGENT_YAML",
-        help_heading = "Connection"
-    )]
-    config: Option<PathBuf>,
-    /// disabled, tls (server authenticated) or mtls (client certificate too) [default: disabled]
-    #[arg(
-        long,
-        global = true,
-        env = "RPINGMESH_TLS_MODE",
-        help_heading = "Connection",
-        value_enum
-    )]
-    tls_mode: Option<TlsMode>,
-    /// Client certificate (PEM), for mtls.
-    #[arg(
-        long,
-        global = true,
-        env = "RPINGMESH_TLS_CERT_FILE",
-        help_heading = "Connection",
-        value_name = "PEM"
-    )]
-    tls_cert_file: Option<String>,
-    /// Client private key (PEM), for mtls.
-    #[arg(
-        long,
-        global = true,
-        env = "RPINGMESH_TLS_KEY_FILE",
-        help_heading = "Connection",
-        value_name = "PEM"
-    )]
-    tls_key_file: Option<String>,
-    /// CA certificate (PEM) the controller's certificate must chain to, for tls and mtls.
-    #[arg(
-        long,
-        global = true,
-        env = "RPINGMESH_TLS_CA_FILE",
-        help_heading = "Connection",
-        value_name = "PEM"
-    )]
-    tls_ca_file: Option<String>,
-    /// Name to check the controller's certificate against (default: the address's host).
-    #[arg(
-        long,
-        global = true,
-        env = "RPINGMESH_TLS_SERVER_NAME",
-        help_heading = "Connection",
-        value_name = "NAME"
-    )]
-    tls_server_name: Option<String>,
-    /// File with an operator or viewer bearer token (sent as `authorization: Bearer`).
-    #[arg(
-        long,
-        global = true,
-        env = "RPINGMESH_TOKEN_FILE",
-        help_heading = "Connection",
-        value_name = "FILE"
-    )]
-    token_file: Option<PathBuf>,
     /// One JSON object per row instead of a table.
     #[arg(long, global = true)]
     json: bool,
-    /// Seconds to wait for the connection and for each call.
-    #[arg(long, global = true, visible_alias = "timeout", help_heading = "Connection", value_name = "SECS", default_value_t = 5,
-          value_parser = clap::value_parser!(u64).range(1..=3600))]
-    timeout_sec: u64,
+    #[command(flatten)]
+    connection: Given,
     #[command(subcommand)]
     cmd: Cmd,
-}
-
-impl Cli {
-    fn given(&self) -> Given {
-        Given {
-            controller: self.controller.clone(),
-            config: self.config.clone(),
-            tls_mode: self.tls_mode,
-            tls_cert_file: self.tls_cert_file.clone(),
-            tls_key_file: self.tls_key_file.clone(),
-            tls_ca_file: self.tls_ca_file.clone(),
-            tls_server_name: self.tls_server_name.clone(),
-            token_file: self.token_file.clone(),
-            timeout: Duration::from_secs(self.timeout_sec),
-        }
-    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -289,7 +199,7 @@ fn gid_arg(g: &Option<String>) -> String {
 }
 
 async fn run(cli: Cli) -> Result<(), Failure> {
-    let target = connect::resolve(&cli.given())?;
+    let target = connect::resolve(&cli.connection)?;
     let op = target.connect().await?;
     let (cmd, json) = (&cli.cmd, cli.json);
     if let Cmd::Findings(a) = cmd {
@@ -620,6 +530,8 @@ fn main() -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use connect::TlsMode;
+    use std::time::Duration;
 
     #[test]
     fn tor_pair_parsing() {
@@ -645,7 +557,7 @@ mod tests {
             "mtls",
         ])
         .unwrap();
-        assert_eq!(c.tls_mode, Some(TlsMode::Mtls));
+        assert_eq!(c.connection.tls_mode, Some(TlsMode::Mtls));
         let w = c.cmd.watch().unwrap();
         assert_eq!((w.interval, w.count), (Duration::from_millis(500), Some(3)));
         let c = Cli::try_parse_from(["rpingmeshctl", "service-paths"]).unwrap();
