@@ -9,8 +9,7 @@ use clap::Args;
 use serde_json::{json, Value};
 
 use rpingmesh_proto::operator::{
-    Finding, FindingEvent, FindingEvidence, FindingImpact, ListFindingsRequest,
-    WatchFindingsRequest,
+    Finding, FindingEvent, FindingImpact, ListFindingsRequest, WatchFindingsRequest,
 };
 
 use crate::connect::{Failure, Target};
@@ -58,7 +57,7 @@ pub fn finding_json(f: &Finding) -> Value {
         "opened_unix_ns": f.opened_unix_ns,
         "last_seen_unix_ns": f.last_seen_unix_ns,
         "resolved_unix_ns": f.resolved_unix_ns,
-        "evidence": evidence_json(&e),
+        "evidence": rpingmesh_proto::json::finding_evidence(&e),
         "impact": f.impact.iter().map(impact_json).collect::<Vec<_>>(),
         "suppressed": f.suppressed,
         "suppressed_by": f.suppressed_by,
@@ -105,29 +104,6 @@ pub fn impact_cell(f: &Finding) -> String {
         parts.push(format!("+{} more", f.impact.len() - 3));
     }
     parts.join(", ")
-}
-
-fn evidence_json(e: &FindingEvidence) -> Value {
-    json!({
-        "windows": e.windows,
-        "paths_total": e.paths_total,
-        "probe_total": e.probe_total,
-        "probe_failed": e.probe_failed,
-        "flow_labels": e.flow_labels,
-        "direction": e.direction,
-        "excess_ns": e.excess_ns,
-        "loss_ratio": e.loss_ratio,
-        "loss_ratio_stderr": e.loss_ratio_stderr,
-        "score": e.score,
-        "detail": e.detail,
-        "paths": e.paths.iter().map(|p| json!({
-            "source_gid": p.source_gid,
-            "target_gid": p.target_gid,
-            "probe_total": p.probe_total,
-            "probe_failed": p.probe_failed,
-            "network_rtt_p50_ns": p.network_rtt_p50_ns,
-        })).collect::<Vec<_>>(),
-    })
 }
 
 /// The table: open findings first, as the controller orders them.
@@ -288,6 +264,7 @@ pub async fn watch(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rpingmesh_proto::operator::FindingEvidence;
 
     fn finding(open: bool) -> Finding {
         Finding {

@@ -6,6 +6,7 @@
 pub mod endpoint;
 pub mod gid;
 pub mod host;
+pub mod json;
 
 pub mod controller_agent {
     tonic::include_proto!("controller_agent");

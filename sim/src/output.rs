@@ -63,7 +63,7 @@ impl FindingRecord {
     }
 
     pub fn to_json(&self) -> Value {
-        let mut evidence = evidence_json(&self.evidence);
+        let mut evidence = rpingmesh_proto::json::finding_evidence(&self.evidence);
         evidence["symptom"] = json!(self.symptom);
         evidence["id"] = json!(self.id);
         json!({
@@ -76,37 +76,6 @@ impl FindingRecord {
             "evidence": evidence,
         })
     }
-}
-
-/// `FindingEvidence` (operator.proto) as a JSON object with the proto's field names.
-pub fn evidence_json(e: &FindingEvidence) -> Value {
-    let paths: Vec<Value> = e
-        .paths
-        .iter()
-        .map(|p| {
-            json!({
-                "source_gid": p.source_gid,
-                "target_gid": p.target_gid,
-                "probe_total": p.probe_total,
-                "probe_failed": p.probe_failed,
-                "network_rtt_p50_ns": p.network_rtt_p50_ns,
-            })
-        })
-        .collect();
-    json!({
-        "windows": e.windows,
-        "paths": paths,
-        "paths_total": e.paths_total,
-        "probe_total": e.probe_total,
-        "probe_failed": e.probe_failed,
-        "flow_labels": e.flow_labels,
-        "direction": e.direction,
-        "excess_ns": e.excess_ns,
-        "loss_ratio": e.loss_ratio,
-        "loss_ratio_stderr": e.loss_ratio_stderr,
-        "score": e.score,
-        "detail": e.detail,
-    })
 }
 
 #[cfg(test)]
