@@ -350,10 +350,7 @@ impl Window<'_> {
         let mut st: Vec<RnicStat> = (0..n).map(|x| stat_of(x, &set_aside)).collect();
         let mut chosen = Vec::new();
         // A chosen RNIC has no paths left, so it never looks broken again.
-        while let Some(x) = (0..n)
-            .filter(|&x| st[x].looks_broken())
-            .reduce(|a, b| if st[b].clarity() > st[a].clarity() { b } else { a })
-        {
+        while let Some(x) = clearest_broken(&st) {
             chosen.push((x as u32, st[x]));
             let mut peers = Vec::new();
             for &i in &on[x] {
@@ -469,6 +466,19 @@ impl Window<'_> {
             });
         }
     }
+}
+
+/// The RNIC that looks most clearly broken (the lowest index of equals).
+fn clearest_broken(st: &[RnicStat]) -> Option<usize> {
+    (0..st.len())
+        .filter(|&x| st[x].looks_broken())
+        .reduce(|a, b| {
+            if st[b].clarity() > st[a].clarity() {
+                b
+            } else {
+                a
+            }
+        })
 }
 
 /// Collects the paths behind a blame; keeps the worst few.
