@@ -151,6 +151,14 @@ pub fn bar_for(p: &GrayParams, components: usize, window_ms: u64) -> f64 {
     p.open_score.max((tests / budget).ln())
 }
 
+/// Whether (c, t) takes unit `u` when it is named: the units whose events count for it,
+/// and the lost probes whose ACKs crossed it. Both ACKs lost reads as a lost probe (at
+/// 16% per packet, 2.6% of the probes), which counts for the probe's links alone: left
+/// to them, a strong downlink raised false uplinks on the other spines of its ToR.
+pub(super) fn claims(u: &evidence::Unit, c: u32, t: Test) -> bool {
+    counts(u, c, t) > 0.0 || (t == Test::Loss && u.failed > 0.0 && u.latency.contains(&c))
+}
+
 /// Units of window `w` that count for (component, test).
 fn counts(u: &evidence::Unit, c: u32, t: Test) -> f64 {
     match t {
@@ -335,7 +343,7 @@ impl GrayDetector {
         let from = if newest_only { h - 1 } else { 0 };
         for (wi, w) in self.history.iter_mut().enumerate().skip(from) {
             for u in w.units.iter_mut().filter(|u| u.owner.is_none()) {
-                if counts(u, c, t) > 0.0 {
+                if claims(u, c, t) {
                     u.owner = Some(c);
                     if let Some(tally) = tally.as_deref_mut() {
                         tally.remove(wi, u);

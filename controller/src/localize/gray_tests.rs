@@ -137,8 +137,10 @@ impl Fab {
             }
             // One carry per kind of event for the whole fabric: a window's totals are
             // exact, and events land only where a fault is.
+            // Both ACKs lost reads as a lost probe.
+            let both_acks = (p_rev / 2.0).powi(2);
             let failed = self
-                .events("f".into(), per as f64 * (p_fwd + timeouts))
+                .events("f".into(), per as f64 * (p_fwd + both_acks + timeouts))
                 .min(per);
             let invalid = self
                 .events("i".into(), per as f64 * p_rev)
@@ -247,6 +249,44 @@ fn a_one_percent_link_is_named_degraded_with_its_loss_and_direction() {
     assert!(e.score >= GrayParams::default().open_score, "{e:?}");
     assert!(x.confidence > 0.99, "{x:?}");
     assert!(!e.flow_labels.is_empty() && !e.paths.is_empty());
+}
+
+#[test]
+fn a_lossy_link_owns_the_lost_probes_whose_acks_crossed_it() {
+    // A label that lost its probe (or both ACKs: at 16% per packet, 2.6% of the probes
+    // whose ACKs come down the link) and had no incomplete probe beside it. Its events
+    // count for the probe's links (0, 1) alone, but the ACKs' links (2, 3) explain it
+    // as well: a claim by one of them takes it.
+    let u = evidence::Unit {
+        loss: vec![(0, 1.0), (1, 1.0)],
+        latency: vec![0, 1, 2, 3],
+        slow: 0.0,
+        excess_ns: 0,
+        path: 0,
+        label: 7,
+        inter: true,
+        probes: 1.0,
+        failed: 1.0,
+        invalid: 0.0,
+        answered: 0.0,
+        in_label_totals: true,
+        owner: None,
+    };
+    for c in [0, 1, 2, 3] {
+        assert!(gray::claims(&u, c, Test::Loss), "link {c}");
+    }
+    assert!(!gray::claims(&u, 4, Test::Loss), "a link it did not cross");
+    assert!(!gray::claims(&u, 2, Test::Latency), "it was not slow");
+    let answered = evidence::Unit {
+        failed: 0.0,
+        invalid: 1.0,
+        loss: vec![(2, 1.0), (3, 1.0)],
+        ..u
+    };
+    assert!(
+        !gray::claims(&answered, 0, Test::Loss),
+        "an ACK lost is the ACKs' links'"
+    );
 }
 
 #[test]

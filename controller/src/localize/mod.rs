@@ -10,7 +10,10 @@
 //! 2. ToR: (nearly) every RNIC under it unreachable from other ToRs and from each other.
 //! 3. RNIC: its peers fail to reach it and it fails to reach them, on the ToR-local paths
 //!    too (so an uplink problem, which spares ToR-local paths, is never an RNIC), and
-//!    evenly over the spines when the topology knows them.
+//!    evenly over the spines when the topology knows them. The most clearly broken is
+//!    judged first and its paths set aside before the next, so the neighbour of a dead
+//!    RNIC is not named with it (nor the two read as a dead ToR of two by step 2, which
+//!    counts broken RNICs the same way).
 //! 4. link: per-label tomography. Every failing or slow (pair, label) votes for the links
 //!    its probe and its ACKs crossed; the link with the most votes explains them
 //!    first (greedy), so links that only share a few bad labels with it are cleared.
