@@ -13,7 +13,8 @@
 //!    evenly over the spines when the topology knows them. The most clearly broken is
 //!    judged first and its paths set aside before the next, so the neighbour of a dead
 //!    RNIC is not named with it (nor the two read as a dead ToR of two by step 2, which
-//!    counts broken RNICs the same way).
+//!    counts broken RNICs the same way, unless nothing off the ToR probed them: from
+//!    inside, a dead ToR and a dead RNIC look alike).
 //! 4. link: per-label tomography. Every failing or slow (pair, label) votes for the links
 //!    its probe and its ACKs crossed; the link with the most votes explains them
 //!    first (greedy), so links that only share a few bad labels with it are cleared.

@@ -290,6 +290,19 @@ fn a_dead_rnic_whose_neighbour_has_one_path_off_the_tor() {
 }
 
 #[test]
+fn a_tor_of_two_seen_only_from_inside_is_named_whole() {
+    // Only the two RNICs probe each other: a dead RNIC and a dead ToR look alike, and
+    // naming one of the two at random would be wrong half of the time.
+    let mut f = Fab::new(2, 2, 1);
+    f.inter = 0;
+    f.rnic_loss.insert(gid(1, 1), 1.0);
+    assert_eq!(
+        named(&f.explain(true)),
+        vec![(ComponentKind::Tor, "tor2".into(), Symptom::Down)]
+    );
+}
+
+#[test]
 fn a_flapping_rnic() {
     let mut f = Fab::new(6, 4, 1);
     f.rnic_loss.insert(gid(4, 3), 0.3);

@@ -371,17 +371,20 @@ impl Window<'_> {
     /// Step 2: a ToR nearly all of whose RNICs nobody reaches and reach nobody, its
     /// ToR-local paths included (dead uplinks spare those).
     fn tor_step(&mut self) {
+        // Broken as the RNIC rule sees them: a ToR going down mid-window (or back up)
+        // leaves every RNIC under it partly unreachable, not 90% so. One the RNIC rule
+        // clears (its failures were a dead neighbour's) still counts when nothing off
+        // the ToR probed it: from inside, a dead ToR and a dead RNIC look alike.
+        let mut dead = vec![false; self.p.rnics.len()];
+        for (x, _) in self.broken_rnics().0 {
+            dead[x as usize] = true;
+        }
         let mut per_tor: BTreeMap<u32, (u32, u32)> = BTreeMap::new();
         for (i, s) in self.rnic_stats().iter().enumerate() {
             if s.paths > 0 {
-                per_tor.entry(self.p.rnics[i].tor).or_default().0 += 1;
-            }
-        }
-        // As the RNIC rule sees them: a ToR going down mid-window (or back up) leaves
-        // every RNIC under it partly unreachable, not 90% so.
-        for (x, _) in self.broken_rnics().0 {
-            if let Some(e) = per_tor.get_mut(&self.p.rnics[x as usize].tor) {
-                e.1 += 1;
+                let e = per_tor.entry(self.p.rnics[i].tor).or_default();
+                e.0 += 1;
+                e.1 += (dead[i] || (s.looks_broken() && s.local_paths == s.paths)) as u32;
             }
         }
         for (tor, (seen, dead)) in per_tor {
