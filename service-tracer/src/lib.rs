@@ -688,7 +688,11 @@ async fn reader(
         mut traced,
         mut logs,
     } = kernel;
-    let mut tick = tokio::time::interval(liveness.max(Duration::from_millis(10)));
+    // The first check one period in, not at once: the table starts empty, and a check
+    // left pending from the start raced the kernel's exit report of a process that died
+    // later (its flows went by /proc, the exit record still unread).
+    let period = liveness.max(Duration::from_millis(10));
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut out = Vec::new();
     loop {
