@@ -125,6 +125,22 @@ impl RnicStat {
         }
     }
 
+    /// Takes path `r`, counted before, back out of `x`'s counts.
+    fn uncount(&mut self, r: &Rec<'_>, x: u32, lossy: bool) {
+        let mut p = RnicStat::default();
+        p.count(r, x, lossy);
+        self.in_total -= p.in_total;
+        self.in_failed -= p.in_failed;
+        self.out_total -= p.out_total;
+        self.out_failed -= p.out_failed;
+        self.paths -= p.paths;
+        self.lossy_paths -= p.lossy_paths;
+        self.local_paths -= p.local_paths;
+        self.lossy_local_paths -= p.lossy_local_paths;
+        self.touched_paths -= p.touched_paths;
+        self.touched_local_paths -= p.touched_local_paths;
+    }
+
     /// How clearly broken: the share of its paths that are lossy, then its loss.
     fn clarity(&self) -> (f64, f64) {
         (
@@ -328,10 +344,15 @@ impl Window<'_> {
     /// The RNICs that look broken, the most clearly broken first, each one's paths set
     /// aside before the next is judged: a neighbour whose only failures are its paths to a
     /// dead RNIC is not named with it (on a ToR of two, half of the neighbour's paths go to
-    /// the dead one). Also the stats of the rest, without the chosen ones' paths.
-    fn broken_rnics(&self) -> (Vec<(u32, RnicStat)>, Vec<RnicStat>) {
-        let n = self.p.rnics.len();
-        let mut on: Vec<Vec<usize>> = vec![Vec::new(); n];
+    /// the dead one). A window where none looks broken costs one pass over its paths.
+    fn broken_rnics(&self) -> BrokenRnics {
+        let all = self.rnic_stats();
+        let mut rest = all.clone();
+        let mut chosen = Vec::new();
+        if clearest_broken(&rest).is_none() {
+            return BrokenRnics { all, chosen, rest };
+        }
+        let mut on: Vec<Vec<usize>> = vec![Vec::new(); rest.len()];
         for (i, r) in self.recs.iter().enumerate().filter(|(_, r)| !r.explained) {
             on[r.src as usize].push(i);
             if r.dst != r.src {
@@ -339,33 +360,19 @@ impl Window<'_> {
             }
         }
         let mut set_aside = vec![false; self.recs.len()];
-        let stat_of = |x: usize, set_aside: &[bool]| {
-            let mut s = RnicStat::default();
-            for &i in on[x].iter().filter(|&&i| !set_aside[i]) {
-                let r = &self.recs[i];
-                s.count(r, x as u32, self.is_lossy(r));
-            }
-            s
-        };
-        let mut st: Vec<RnicStat> = (0..n).map(|x| stat_of(x, &set_aside)).collect();
-        let mut chosen = Vec::new();
         // A chosen RNIC has no paths left, so it never looks broken again.
-        while let Some(x) = clearest_broken(&st) {
-            chosen.push((x as u32, st[x]));
-            let mut peers = Vec::new();
+        while let Some(x) = clearest_broken(&rest) {
+            chosen.push((x as u32, rest[x]));
+            rest[x] = RnicStat::default();
             for &i in &on[x] {
-                if !set_aside[i] {
-                    set_aside[i] = true;
+                if !std::mem::replace(&mut set_aside[i], true) {
                     let r = &self.recs[i];
-                    peers.push(if r.src as usize == x { r.dst } else { r.src } as usize);
+                    let y = if r.src as usize == x { r.dst } else { r.src };
+                    rest[y as usize].uncount(r, y, self.is_lossy(r));
                 }
             }
-            st[x] = RnicStat::default();
-            for y in peers {
-                st[y] = stat_of(y, &set_aside);
-            }
         }
-        (chosen, st)
+        BrokenRnics { all, chosen, rest }
     }
 
     /// Step 2: a ToR nearly all of whose RNICs nobody reaches and reach nobody, its
@@ -375,12 +382,13 @@ impl Window<'_> {
         // leaves every RNIC under it partly unreachable, not 90% so. One the RNIC rule
         // clears (its failures were a dead neighbour's) still counts when nothing off
         // the ToR probed it: from inside, a dead ToR and a dead RNIC look alike.
-        let mut dead = vec![false; self.p.rnics.len()];
-        for (x, _) in self.broken_rnics().0 {
+        let broken = self.broken_rnics();
+        let mut dead = vec![false; broken.all.len()];
+        for &(x, _) in &broken.chosen {
             dead[x as usize] = true;
         }
         let mut per_tor: BTreeMap<u32, (u32, u32)> = BTreeMap::new();
-        for (i, s) in self.rnic_stats().iter().enumerate() {
+        for (i, s) in broken.all.iter().enumerate() {
             if s.paths > 0 {
                 let e = per_tor.entry(self.p.rnics[i].tor).or_default();
                 e.0 += 1;
@@ -427,7 +435,11 @@ impl Window<'_> {
     /// Step 3: an RNIC its peers fail to reach and that fails to reach them: most of its
     /// paths lossy both ways, ToR-local ones too.
     fn rnic_step(&mut self) {
-        let (blamed, rest) = self.broken_rnics();
+        let BrokenRnics {
+            chosen: blamed,
+            rest,
+            ..
+        } = self.broken_rnics();
         let grazed: Vec<u32> = (0..rest.len() as u32)
             .filter(|&x| rest[x as usize].looks_grazed())
             .collect();
@@ -469,6 +481,16 @@ impl Window<'_> {
             });
         }
     }
+}
+
+/// What the RNIC rule makes of the paths not yet explained.
+struct BrokenRnics {
+    /// Per RNIC, over all of them.
+    all: Vec<RnicStat>,
+    /// The broken ones in the order taken, each with its counts when it was.
+    chosen: Vec<(u32, RnicStat)>,
+    /// Per RNIC, without the chosen ones' paths.
+    rest: Vec<RnicStat>,
 }
 
 /// The RNIC that looks most clearly broken (the lowest index of equals).
