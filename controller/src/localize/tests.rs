@@ -303,6 +303,30 @@ fn a_tor_of_two_seen_only_from_inside_is_named_whole() {
 }
 
 #[test]
+fn a_dead_rnic_probed_only_by_two_peers_that_see_nothing_else() {
+    // x's peers A and B have no path but to x: each looks as broken as x, and x alone
+    // explains the four lost paths (the window an operator sees while the rest of A's
+    // and B's paths still fall in other windows).
+    let mut f = Fab::new(2, 2, 1);
+    let x = gid(1, 0);
+    f.rnic_loss.insert(x.clone(), 1.0);
+    let mut w = vec![
+        f.summary(0, 0, 1, 0),
+        f.summary(1, 0, 0, 0),
+        f.summary(0, 1, 1, 0),
+        f.summary(1, 0, 0, 1),
+    ];
+    for _ in 0..2 {
+        let b = explain(&LocalizerParams::default(), Some(&f.topo), &w, &f.inv);
+        assert_eq!(
+            named(&b),
+            vec![(ComponentKind::Rnic, "h2-1/r0".into(), Symptom::Down)]
+        );
+        w.reverse();
+    }
+}
+
+#[test]
 fn a_flapping_rnic() {
     let mut f = Fab::new(6, 4, 1);
     f.rnic_loss.insert(gid(4, 3), 0.3);

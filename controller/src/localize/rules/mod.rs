@@ -141,11 +141,14 @@ impl RnicStat {
         self.touched_local_paths -= p.touched_local_paths;
     }
 
-    /// How clearly broken: the share of its paths that are lossy, then its loss.
-    fn clarity(&self) -> (f64, f64) {
+    /// How clearly broken: the share of its paths that are lossy, then its loss, then how
+    /// many lossy paths it explains (of two RNICs lost only to each other and to a third,
+    /// the third explains the most).
+    fn clarity(&self) -> (f64, f64, u32) {
         (
             ratio(self.lossy_paths as f64, self.paths as f64),
             self.out_loss() + self.in_loss(),
+            self.lossy_paths,
         )
     }
 
