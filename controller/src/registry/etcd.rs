@@ -29,7 +29,7 @@ use etcd_client::{
     Client, ConnectOptions, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchOptions,
 };
 use prost::Message;
-use rpingmesh_proto::controller_agent::ServiceFlowReport;
+use rpingmesh_proto::controller_agent::{RnicInfo, ServiceFlowReport};
 use rpingmesh_proto::operator::{Finding, HostHealth};
 use serde::{Deserialize, Serialize};
 

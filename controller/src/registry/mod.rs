@@ -9,7 +9,7 @@ mod sqlite;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 
-use rpingmesh_proto::controller_agent::ServiceFlowReport;
+use rpingmesh_proto::controller_agent::{RnicInfo, ServiceFlowReport};
 use rpingmesh_proto::operator::{Action, Finding, HostHealth};
 
 pub use etcd::{etcd_urls, EtcdRegistry, ELECTION as ETCD_ELECTION};
@@ -31,6 +31,34 @@ pub struct RnicRecord {
     pub agent_id: String,
     /// Unix seconds of the last registration of the owning agent.
     pub last_updated: u64,
+}
+
+impl RnicRecord {
+    /// As an agent registers it and operators list it.
+    pub fn info(&self) -> RnicInfo {
+        RnicInfo {
+            gid: self.gid.clone(),
+            qpn: self.qpn,
+            ip_address: self.ip_address.clone(),
+            host_name: self.host_name.clone(),
+            tor_id: self.tor_id.clone(),
+            device_name: self.device_name.clone(),
+        }
+    }
+
+    /// `info` as `agent_id` registered it at `last_updated` (Unix seconds).
+    pub fn of_info(info: RnicInfo, agent_id: &str, last_updated: u64) -> Self {
+        RnicRecord {
+            gid: info.gid,
+            qpn: info.qpn,
+            ip_address: info.ip_address,
+            host_name: info.host_name,
+            tor_id: info.tor_id,
+            device_name: info.device_name,
+            agent_id: agent_id.into(),
+            last_updated,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -171,6 +199,30 @@ impl IndexedRegistry {
         })
     }
 
+    /// A write to the store, then to the index unless the store feeds it: the store's
+    /// answer, or its error with the index untouched.
+    fn write<T, U>(
+        &self,
+        store_write: impl FnOnce(&mut dyn Registry) -> Result<T, RegistryError>,
+        index_write: impl FnOnce(&mut RegistryIndex) -> U,
+    ) -> Result<T, RegistryError> {
+        // The store stays locked until the index has the write too: two writes land in
+        // both in the same order.
+        let mut store = self.store();
+        let answer = store_write(&mut **store)?;
+        if let Some(mut idx) = self.local_index() {
+            index_write(&mut idx);
+        }
+        drop(store);
+        Ok(answer)
+    }
+
+    /// The store, locked (a panic while it was held leaves it usable: each call is one
+    /// store operation).
+    fn store(&self) -> std::sync::MutexGuard<'_, Box<dyn Registry>> {
+        self.store.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// The index after a local write (a store that feeds it has updated it already).
     fn local_index(&self) -> Option<std::sync::RwLockWriteGuard<'_, RegistryIndex>> {
         (!self.store_feeds_index).then(|| self.index.write().unwrap_or_else(|e| e.into_inner()))
@@ -182,31 +234,25 @@ impl IndexedRegistry {
         rnics: &[RnicRecord],
         now: u64,
     ) -> Result<(), RegistryError> {
-        let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
-        store.register_agent(agent, rnics, now)?;
-        if let Some(mut idx) = self.local_index() {
-            idx.register_agent(agent, rnics, now);
-        }
-        Ok(())
+        self.write(
+            |store| store.register_agent(agent, rnics, now),
+            |idx| idx.register_agent(agent, rnics, now),
+        )
     }
 
     /// Forgets an agent and its RNICs in the store and the index; the number of RNICs.
     pub fn delete_agent(&self, agent_id: &str) -> Result<usize, RegistryError> {
-        let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
-        let n = store.delete_agent(agent_id)?;
-        if let Some(mut idx) = self.local_index() {
-            idx.remove_agent(agent_id);
-        }
-        Ok(n)
+        self.write(
+            |store| store.delete_agent(agent_id),
+            |idx| idx.remove_agent(agent_id),
+        )
     }
 
     pub fn touch(&self, agent_id: &str, now: u64) -> Result<usize, RegistryError> {
-        let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
-        let n = store.touch(agent_id, now)?;
-        if let Some(mut idx) = self.local_index() {
-            idx.touch(agent_id, now);
-        }
-        Ok(n)
+        self.write(
+            |store| store.touch(agent_id, now),
+            |idx| idx.touch(agent_id, now),
+        )
     }
 
     /// The controller did not watch for `by` seconds (it was down, stopped or stalled):
@@ -217,21 +263,17 @@ impl IndexedRegistry {
     /// pinglists (or purge everyone) until each agent's next heartbeat arrived. A really
     /// dead RNIC still goes inactive after one active threshold of watching.
     pub fn excuse(&self, by: u64, now: u64) -> Result<usize, RegistryError> {
-        let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
-        let n = store.excuse_all(by, now)?;
-        if let Some(mut idx) = self.local_index() {
-            idx.excuse_all(by, now);
-        }
-        Ok(n)
+        self.write(
+            |store| store.excuse_all(by, now),
+            |idx| idx.excuse_all(by, now),
+        )
     }
 
     pub fn remove_stale(&self, now: u64, stale_after: u64) -> Result<usize, RegistryError> {
-        let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
-        let n = store.remove_stale(now, stale_after)?;
-        if let Some(mut idx) = self.local_index() {
-            idx.remove_stale(now, stale_after);
-        }
-        Ok(n)
+        self.write(
+            |store| store.remove_stale(now, stale_after),
+            |idx| idx.remove_stale(now, stale_after),
+        )
     }
 
     /// Read access to the index (pinglists, lookups). Do not hold across an await.
@@ -244,36 +286,24 @@ impl IndexedRegistry {
         if findings.is_empty() {
             return Ok(());
         }
-        self.store
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .save_findings(findings)
+        self.store().save_findings(findings)
     }
 
     /// The stored findings (at start, to restore the localizer).
     pub fn load_findings(&self) -> Result<Vec<Finding>, RegistryError> {
-        self.store
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .load_findings()
+        self.store().load_findings()
     }
 
     /// Shares an agent's full service-flow set with the other replicas (shared stores).
     pub fn save_service_flows(&self, report: &ServiceFlowReport) -> Result<(), RegistryError> {
-        self.store
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .save_service_flows(report)
+        self.store().save_service_flows(report)
     }
 
     /// The other replicas' service-flow sets as they come (shared stores; taken once).
     pub fn shared_service_flows(
         &self,
     ) -> Option<tokio::sync::mpsc::UnboundedReceiver<ServiceFlowReport>> {
-        self.store
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .shared_service_flows()
+        self.store().shared_service_flows()
     }
 
     /// Whether the store is shared by replicas (etcd).
@@ -283,69 +313,45 @@ impl IndexedRegistry {
 
     /// Persists a host's newest Hostping report.
     pub fn save_state(&self, key: &str, value: &[u8]) -> Result<(), RegistryError> {
-        self.store.lock().expect("store").save_state(key, value)
+        self.store().save_state(key, value)
     }
 
     pub fn load_state(&self, key: &str) -> Result<Option<Vec<u8>>, RegistryError> {
-        self.store.lock().expect("store").load_state(key)
+        self.store().load_state(key)
     }
 
     pub fn save_host(&self, h: &HostHealth) -> Result<(), RegistryError> {
-        self.store
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .save_host(h)
+        self.store().save_host(h)
     }
 
     /// The stored host reports (at start).
     pub fn load_hosts(&self) -> Result<Vec<HostHealth>, RegistryError> {
-        self.store
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .load_hosts()
+        self.store().load_hosts()
     }
 
     pub fn append_audit(&self, lines: &[String]) -> Result<(), RegistryError> {
-        self.store
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .append_audit(lines)
+        self.store().append_audit(lines)
     }
 
     pub fn recent_audit(&self, limit: usize) -> Result<Vec<String>, RegistryError> {
-        self.store
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .recent_audit(limit)
+        self.store().recent_audit(limit)
     }
 
     pub fn save_action(&self, a: &Action) -> Result<(), RegistryError> {
-        self.store
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .save_action(a)
+        self.store().save_action(a)
     }
 
     pub fn delete_action(&self, id: u64) -> Result<(), RegistryError> {
-        self.store
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .delete_action(id)
+        self.store().delete_action(id)
     }
 
     pub fn load_actions(&self) -> Result<Vec<Action>, RegistryError> {
-        self.store
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .load_actions()
+        self.store().load_actions()
     }
 
     /// Store-level RNIC listing (for consistency checks and tools).
     pub fn store_rnics(&self) -> Result<Vec<RnicRecord>, RegistryError> {
-        self.store
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .list_rnics()
+        self.store().list_rnics()
     }
 }
 

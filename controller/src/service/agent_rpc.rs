@@ -177,25 +177,16 @@ impl ControllerService for ControllerSvc {
                     req.agent_id
                 )));
             }
-            rnics.push(RnicRecord {
-                gid,
-                qpn: r.qpn,
-                ip_address: r.ip_address.clone(),
-                host_name: if r.host_name.is_empty() {
-                    req.hostname.clone()
-                } else {
-                    r.host_name.clone()
-                },
-                // RNICs inherit the agent's ToR unless they name their own (multi-rail).
-                tor_id: if r.tor_id.is_empty() {
-                    req.tor_id.clone()
-                } else {
-                    r.tor_id.clone()
-                },
-                device_name: r.device_name.clone(),
-                agent_id: req.agent_id.clone(),
-                last_updated: 0,
-            });
+            let mut rnic = RnicRecord::of_info(r.clone(), &req.agent_id, 0);
+            rnic.gid = gid;
+            if rnic.host_name.is_empty() {
+                rnic.host_name = req.hostname.clone();
+            }
+            // RNICs inherit the agent's ToR unless they name their own (multi-rail).
+            if rnic.tor_id.is_empty() {
+                rnic.tor_id = req.tor_id.clone();
+            }
+            rnics.push(rnic);
         }
         self.check(&caller, &req.agent_id, |id, idx| {
             let gids: Vec<&str> = rnics.iter().map(|r| r.gid.as_str()).collect();

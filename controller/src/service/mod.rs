@@ -30,7 +30,7 @@ use rpingmesh_proto::controller_agent::controller_service_server::ControllerServ
 use rpingmesh_proto::controller_agent::{
     AgentRegistrationRequest, AgentRegistrationResponse, HostHealthAck, HostHealthReport,
     PathSummary, PinglistRequest, PinglistResponse, PinglistType, ProbeAnalysisAck,
-    ProbeAnalysisReport, RnicInfo, ServiceFlow, ServiceFlowAck, ServiceFlowReport,
+    ProbeAnalysisReport, ServiceFlow, ServiceFlowAck, ServiceFlowReport,
 };
 use rpingmesh_proto::gid::normalize_gid;
 use rpingmesh_proto::operator::operator_service_server::OperatorService;
@@ -428,14 +428,7 @@ impl ControllerState {
             .skip(offset)
             .take(limit)
             .map(|r| RnicStatus {
-                rnic: Some(RnicInfo {
-                    gid: r.gid.clone(),
-                    qpn: r.qpn,
-                    ip_address: r.ip_address.clone(),
-                    host_name: r.host_name.clone(),
-                    tor_id: r.tor_id.clone(),
-                    device_name: r.device_name.clone(),
-                }),
+                rnic: Some(r.info()),
                 agent_id: r.agent_id.clone(),
                 last_updated_unix_sec: r.last_updated,
                 active: pinglist::is_active(r, now, self.pinglist.active_threshold_sec),

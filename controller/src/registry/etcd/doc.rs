@@ -11,17 +11,8 @@ pub(super) struct AgentDoc {
     pub(super) hostname: String,
     pub(super) tor_id: String,
     pub(super) last_updated: u64,
-    pub(super) rnics: Vec<RnicDoc>,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub(super) struct RnicDoc {
-    pub(super) gid: String,
-    pub(super) qpn: u32,
-    pub(super) ip_address: String,
-    pub(super) host_name: String,
-    pub(super) tor_id: String,
-    pub(super) device_name: String,
+    /// As registered (the message's JSON: its field names).
+    pub(super) rnics: Vec<RnicInfo>,
 }
 
 impl AgentDoc {
@@ -32,17 +23,7 @@ impl AgentDoc {
             hostname: agent.hostname.clone(),
             tor_id: agent.tor_id.clone(),
             last_updated: now,
-            rnics: rnics
-                .iter()
-                .map(|r| RnicDoc {
-                    gid: r.gid.clone(),
-                    qpn: r.qpn,
-                    ip_address: r.ip_address.clone(),
-                    host_name: r.host_name.clone(),
-                    tor_id: r.tor_id.clone(),
-                    device_name: r.device_name.clone(),
-                })
-                .collect(),
+            rnics: rnics.iter().map(RnicRecord::info).collect(),
         }
     }
 
@@ -67,16 +48,7 @@ impl AgentDoc {
         let rnics = self
             .rnics
             .iter()
-            .map(|r| RnicRecord {
-                gid: r.gid.clone(),
-                qpn: r.qpn,
-                ip_address: r.ip_address.clone(),
-                host_name: r.host_name.clone(),
-                tor_id: r.tor_id.clone(),
-                device_name: r.device_name.clone(),
-                agent_id: self.agent_id.clone(),
-                last_updated: self.last_updated,
-            })
+            .map(|r| RnicRecord::of_info(r.clone(), &self.agent_id, self.last_updated))
             .collect();
         (agent, rnics)
     }
