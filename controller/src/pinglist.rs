@@ -316,22 +316,11 @@ mod tests {
     #[test]
     fn seeded_rng_is_deterministic_and_seeds_vary_per_target() {
         let idx = build(20, 4, 1000);
-        let a = inter_tor(
-            &idx,
-            "tor-0",
-            "req",
-            1000,
-            &params(5),
-            &mut SmallRng::seed_from_u64(42),
-        );
-        let b = inter_tor(
-            &idx,
-            "tor-0",
-            "req",
-            1000,
-            &params(5),
-            &mut SmallRng::seed_from_u64(42),
-        );
+        let seeded = || {
+            let mut rng = SmallRng::seed_from_u64(42);
+            inter_tor(&idx, "tor-0", "req", 1000, &params(5), &mut rng)
+        };
+        let (a, b) = (seeded(), seeded());
         assert_eq!(a, b);
         let seeds: HashSet<_> = a.iter().map(|t| t.flow_label_seed).collect();
         assert_eq!(seeds.len(), a.len());

@@ -80,6 +80,27 @@ pub fn tls_config(cfg: &ControllerConfig) -> anyhow::Result<Option<ServerTlsConf
 }
 
 /// Sweep period: stale_threshold/10, between 1 s and 60 s.
+/// Runs `work` on the blocking pool every `period` (a tick missed while it ran is run late,
+/// not twice) and hands what came of it to `done`: the controller's periodic chores that
+/// read or write the store.
+fn every<T: Send + 'static>(
+    period: Duration,
+    state: &Arc<ControllerState>,
+    work: impl Fn(&ControllerState) -> T + Send + Sync + Copy + 'static,
+    done: impl Fn(Result<T, tokio::task::JoinError>) + Send + Sync + 'static,
+) -> JoinHandle<()> {
+    let state = state.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let st = state.clone();
+            done(tokio::task::spawn_blocking(move || work(&st)).await);
+        }
+    })
+}
+
 pub fn sweep_interval(stale_threshold_sec: u64) -> Duration {
     Duration::from_secs((stale_threshold_sec / 10).clamp(1, 60))
 }
@@ -173,80 +194,51 @@ pub async fn start_with_state(
         })
     };
 
-    let sweeper = {
-        let state = state.clone();
-        let period = sweep_interval(state.stale_threshold_sec);
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(period);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                let expired = state.expire_service_flows();
-                if expired > 0 {
-                    tracing::info!(flows = expired, "expired service flows of silent agents");
-                }
-                let st = state.clone();
-                match tokio::task::spawn_blocking(move || st.remove_stale()).await {
-                    Ok(Ok(0)) => {}
-                    Ok(Ok(n)) => tracing::info!(removed = n, "removed stale RNICs"),
-                    Ok(Err(e)) => tracing::error!(error = %e, "stale RNIC removal failed"),
-                    Err(e) => tracing::error!(error = %e, "stale RNIC removal task"),
-                }
+    let sweeper = every(
+        sweep_interval(state.stale_threshold_sec),
+        &state,
+        |st| {
+            let expired = st.expire_service_flows();
+            if expired > 0 {
+                tracing::info!(flows = expired, "expired service flows of silent agents");
             }
-        })
-    };
+            st.remove_stale()
+        },
+        |r| match r {
+            Ok(Ok(0)) => {}
+            Ok(Ok(n)) => tracing::info!(removed = n, "removed stale RNICs"),
+            Ok(Err(e)) => tracing::error!(error = %e, "stale RNIC removal failed"),
+            Err(e) => tracing::error!(error = %e, "stale RNIC removal task"),
+        },
+    );
 
     // The controller's own watch: notices when the process did not run (see
     // `ControllerState::liveness_now_sec`).
-    let watch = {
-        let state = state.clone();
-        tokio::spawn(async move {
-            let mut tick =
-                tokio::time::interval(Duration::from_nanos(crate::liveness::WATCH_TICK_NS));
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                let st = state.clone();
-                let _ = tokio::task::spawn_blocking(move || st.liveness_now_sec()).await;
-            }
-        })
-    };
+    let watch = every(
+        Duration::from_nanos(crate::liveness::WATCH_TICK_NS),
+        &state,
+        ControllerState::liveness_now_sec,
+        drop,
+    );
 
     // The audit trail: lines to the store once a second (the write blocks, so off the
     // workers).
-    let audit = {
-        let state = state.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(AUDIT_FLUSH);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                let st = state.clone();
-                let _ = tokio::task::spawn_blocking(move || st.flush_audit()).await;
-            }
-        })
-    };
+    let audit = every(AUDIT_FLUSH, &state, ControllerState::flush_audit, drop);
 
     // Operators' drains and silences: what the store holds (another replica may have
     // taken or ended some), expired ones deleted.
-    let actions = {
-        let state = state.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(ACTIONS_REFRESH);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                let st = state.clone();
-                match tokio::task::spawn_blocking(move || st.refresh_actions()).await {
-                    Ok(Err(e)) => {
-                        tracing::warn!(error = %e, "reading the drains and silences from the store failed; the ones held stay")
-                    }
-                    Err(e) => tracing::error!(error = %e, "actions refresh task"),
-                    Ok(Ok(())) => {}
-                }
+    let actions = every(
+        ACTIONS_REFRESH,
+        &state,
+        ControllerState::refresh_actions,
+        |r| match r {
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "reading the drains and silences from the store failed; the ones held stay")
             }
-        })
-    };
+            Err(e) => tracing::error!(error = %e, "actions refresh task"),
+            Ok(Ok(())) => {}
+        },
+    );
 
     // Replicas on etcd: every replica's service flows into this one's table.
     if let Some(mut rx) = state.registry.shared_service_flows() {
@@ -276,16 +268,9 @@ pub async fn start_with_state(
     // Findings: localize settled windows, publish, store (see
     // `ControllerState::findings_tick`; the store write blocks, so off the workers).
     let findings = state.analyzer.is_some().then(|| {
-        let state = state.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(FINDINGS_TICK);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                let st = state.clone();
-                if let Err(e) = tokio::task::spawn_blocking(move || st.findings_tick()).await {
-                    tracing::error!(error = %e, "findings tick task");
-                }
+        every(FINDINGS_TICK, &state, ControllerState::findings_tick, |r| {
+            if let Err(e) = r {
+                tracing::error!(error = %e, "findings tick task");
             }
         })
     });
