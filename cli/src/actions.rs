@@ -8,7 +8,7 @@ use rpingmesh_proto::operator::{
     Action, DrainRequest, EndActionRequest, ListActionsRequest, SilenceRequest,
 };
 
-use crate::connect::{Failure, Target};
+use crate::connect::{Call, Failure};
 use crate::format::{or_dash, utc, Table};
 
 #[derive(Debug, Clone, Args)]
@@ -82,75 +82,52 @@ fn one(a: &Action, json: bool) -> String {
     }
 }
 
-pub async fn drain(
-    op: &mut crate::connect::Operator,
-    target: &Target,
-    a: &DrainArgs,
-    json: bool,
-) -> Result<String, Failure> {
-    let r = op
-        .drain(DrainRequest {
+pub async fn drain(c: &mut Call<'_>, a: &DrainArgs) -> Result<String, Failure> {
+    let r = c.target.answer(
+        "drain",
+        c.op.drain(DrainRequest {
             rnic_gid: a.rnic.clone().unwrap_or_default(),
             host: a.host.clone().unwrap_or_default(),
             duration_sec: a.duration_sec,
             reason: a.reason.clone(),
         })
-        .await
-        .map_err(|s| target.rpc_failure("drain", s))?
-        .into_inner();
-    Ok(one(&r, json))
+        .await,
+    )?;
+    Ok(one(&r, c.json))
 }
 
-pub async fn silence(
-    op: &mut crate::connect::Operator,
-    target: &Target,
-    a: &SilenceArgs,
-    json: bool,
-) -> Result<String, Failure> {
-    let r = op
-        .silence(SilenceRequest {
+pub async fn silence(c: &mut Call<'_>, a: &SilenceArgs) -> Result<String, Failure> {
+    let r = c.target.answer(
+        "silence",
+        c.op.silence(SilenceRequest {
             finding_id: a.finding.unwrap_or(0),
             component_kind: a.kind.clone().unwrap_or_default(),
             location: a.location.clone().unwrap_or_default(),
             duration_sec: a.duration_sec,
             reason: a.reason.clone(),
         })
-        .await
-        .map_err(|s| target.rpc_failure("silence", s))?
-        .into_inner();
-    Ok(one(&r, json))
+        .await,
+    )?;
+    Ok(one(&r, c.json))
 }
 
-pub async fn end(
-    op: &mut crate::connect::Operator,
-    target: &Target,
-    id: u64,
-    json: bool,
-) -> Result<String, Failure> {
-    let r = op
-        .end_action(EndActionRequest { id })
-        .await
-        .map_err(|s| target.rpc_failure("end-action", s))?
-        .into_inner();
-    Ok(if json {
+pub async fn end(c: &mut Call<'_>, id: u64) -> Result<String, Failure> {
+    let r = c
+        .target
+        .answer("end-action", c.op.end_action(EndActionRequest { id }).await)?;
+    Ok(if c.json {
         one(&r, true)
     } else {
         format!("ended {}", one(&r, false))
     })
 }
 
-pub async fn list(
-    op: &mut crate::connect::Operator,
-    target: &Target,
-    json: bool,
-) -> Result<String, Failure> {
-    let actions = op
-        .list_actions(ListActionsRequest {})
-        .await
-        .map_err(|s| target.rpc_failure("actions", s))?
-        .into_inner()
+pub async fn list(c: &mut Call<'_>) -> Result<String, Failure> {
+    let actions = c
+        .target
+        .answer("actions", c.op.list_actions(ListActionsRequest {}).await)?
         .actions;
-    if json {
+    if c.json {
         return Ok(actions
             .iter()
             .map(|a| format!("{}\n", action_json(a)))

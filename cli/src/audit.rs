@@ -5,7 +5,7 @@ use serde_json::json;
 
 use rpingmesh_proto::operator::ListAuditRequest;
 
-use crate::connect::{Failure, Target};
+use crate::connect::{Call, Failure};
 use crate::format::{or_dash, Table};
 
 /// UTC to the millisecond (one second holds many audit lines).
@@ -21,19 +21,12 @@ fn utc_ms(ns: u64) -> String {
     )
 }
 
-pub async fn audit(
-    op: &mut crate::connect::Operator,
-    target: &Target,
-    limit: u32,
-    json: bool,
-) -> Result<String, Failure> {
-    let entries = op
-        .list_audit(ListAuditRequest { limit })
-        .await
-        .map_err(|s| target.rpc_failure("audit", s))?
-        .into_inner()
+pub async fn audit(c: &mut Call<'_>, limit: u32) -> Result<String, Failure> {
+    let entries = c
+        .target
+        .answer("audit", c.op.list_audit(ListAuditRequest { limit }).await)?
         .entries;
-    if json {
+    if c.json {
         return Ok(entries
             .iter()
             .map(|e| {

@@ -9,6 +9,7 @@ use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
+use rpingmesh_proto::endpoint::check_client_tls_files;
 use rpingmesh_proto::operator::operator_service_client::OperatorServiceClient;
 
 /// Exit status: the controller answered every call.
@@ -184,6 +185,14 @@ pub struct Target {
     pub timeout: Duration,
 }
 
+/// What one command runs with: a client of the controller, the controller as resolved (its
+/// address and timeout name a failure) and whether the output is JSON rows.
+pub struct Call<'a> {
+    pub op: Operator,
+    pub target: &'a Target,
+    pub json: bool,
+}
+
 /// The keys rpingmeshctl takes from an agent YAML; every other key is ignored.
 const FILE_KEYS: [&str; 6] = [
     "controller_addr",
@@ -340,15 +349,8 @@ impl Target {
             }
             Ok(())
         };
-        match self.tls_mode {
-            TlsMode::Disabled => Ok(()),
-            TlsMode::Tls => need("tls_ca_file", &self.tls_ca_file),
-            TlsMode::Mtls => {
-                need("tls_ca_file", &self.tls_ca_file)?;
-                need("tls_cert_file", &self.tls_cert_file)?;
-                need("tls_key_file", &self.tls_key_file)
-            }
-        }
+        let files = [&self.tls_ca_file, &self.tls_cert_file, &self.tls_key_file];
+        check_client_tls_files(self.tls_mode.as_str(), files.map(String::as_str), need)
     }
 
     /// The endpoint as the agent builds it: `https://` with TLS, the CA as the only root,
@@ -455,6 +457,17 @@ impl Target {
             ),
             _ => None,
         }
+    }
+
+    /// The RPC's answer, or its failure as [`Self::rpc_failure`] classifies it (`what`
+    /// names the call in the message).
+    pub fn answer<T>(
+        &self,
+        what: &str,
+        r: Result<tonic::Response<T>, tonic::Status>,
+    ) -> Result<T, Failure> {
+        r.map(tonic::Response::into_inner)
+            .map_err(|s| self.rpc_failure(what, s))
     }
 
     /// Classifies an RPC failure: a status the controller sent is `Rpc`; a status made on

@@ -12,7 +12,7 @@ use rpingmesh_proto::operator::{
     Finding, FindingEvent, FindingImpact, ListFindingsRequest, WatchFindingsRequest,
 };
 
-use crate::connect::{Failure, Target};
+use crate::connect::{Call, Failure};
 use crate::format::{or_dash, utc, Table};
 
 #[derive(Debug, Clone, Args)]
@@ -174,22 +174,19 @@ pub fn event_json(e: &FindingEvent) -> Value {
 }
 
 /// One ListFindings, rendered.
-pub async fn list(
-    op: &mut crate::connect::Operator,
-    target: &Target,
-    a: &FindingsArgs,
-    json: bool,
-) -> Result<String, Failure> {
-    let findings = op
-        .list_findings(ListFindingsRequest {
-            resolved_limit: a.resolved_limit,
-            kind: a.kind.clone().unwrap_or_default(),
-        })
-        .await
-        .map_err(|s| target.rpc_failure("findings", s))?
-        .into_inner()
+pub async fn list(c: &mut Call<'_>, a: &FindingsArgs) -> Result<String, Failure> {
+    let findings = c
+        .target
+        .answer(
+            "findings",
+            c.op.list_findings(ListFindingsRequest {
+                resolved_limit: a.resolved_limit,
+                kind: a.kind.clone().unwrap_or_default(),
+            })
+            .await,
+        )?
         .findings;
-    Ok(if json {
+    Ok(if c.json {
         findings
             .iter()
             .map(|f| format!("{}\n", finding_json(f)))
@@ -202,12 +199,7 @@ pub async fn list(
 /// Follows WatchFindings until Ctrl-C, `--count` lines, or a failure: a status from the
 /// controller is exit 1, the controller going away (or shutting down) exit 3. DATA_LOSS
 /// (this watcher fell behind) is one line on stderr and a new watch.
-pub async fn watch(
-    op: &mut crate::connect::Operator,
-    target: &Target,
-    a: &FindingsArgs,
-    json: bool,
-) -> Result<(), Failure> {
+pub async fn watch(c: &mut Call<'_>, a: &FindingsArgs) -> Result<(), Failure> {
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
     let req = WatchFindingsRequest {
@@ -216,11 +208,11 @@ pub async fn watch(
     let mut printed: u64 = 0;
     loop {
         let call = tokio::select! {
-            r = op.watch_findings(req.clone()) => r,
+            r = c.op.watch_findings(req.clone()) => r,
             _ = &mut ctrl_c => return Ok(()),
         };
         let mut stream = call
-            .map_err(|s| target.rpc_failure("findings --watch", s))?
+            .map_err(|s| c.target.rpc_failure("findings --watch", s))?
             .into_inner();
         loop {
             let next = tokio::select! {
@@ -229,7 +221,7 @@ pub async fn watch(
             };
             match next {
                 Ok(Some(e)) => {
-                    let line = if json {
+                    let line = if c.json {
                         event_json(&e).to_string()
                     } else {
                         event_line(&e)
@@ -245,7 +237,7 @@ pub async fn watch(
                 Ok(None) => {
                     return Err(Failure::Unreachable(format!(
                         "cannot reach controller at {}: it ended the findings watch",
-                        target.controller
+                        c.target.controller
                     )))
                 }
                 Err(s) if s.code() == tonic::Code::DataLoss => {
@@ -255,7 +247,7 @@ pub async fn watch(
                     );
                     break;
                 }
-                Err(s) => return Err(target.rpc_failure("findings --watch", s)),
+                Err(s) => return Err(c.target.rpc_failure("findings --watch", s)),
             }
         }
     }

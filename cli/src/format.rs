@@ -60,6 +60,57 @@ impl Table {
     }
 }
 
+/// The columns naming a path: its ends, its pinglist kind and its service.
+pub const PATH_COLUMNS: [(&str, bool); 6] = [
+    ("SRC_TOR", false),
+    ("SRC_GID", false),
+    ("DST_TOR", false),
+    ("DST_GID", false),
+    ("TYPE", false),
+    ("SERVICE", false),
+];
+
+/// A summary's [`PATH_COLUMNS`] cells.
+pub fn path_cells(s: &PathSummary) -> [String; 6] {
+    [
+        s.source_tor_id.clone(),
+        s.source_gid.clone(),
+        s.target_tor_id.clone(),
+        s.target_gid.clone(),
+        pinglist_type_name(s.pinglist_type).into(),
+        or_dash(&s.service),
+    ]
+}
+
+/// The probe columns of the path and ToR-pair tables: probes, loss, network RTT and the
+/// two endpoints' delays.
+pub const PROBE_COLUMNS: [(&str, bool); 6] = [
+    ("PROBES", true),
+    ("LOSS%", true),
+    ("RTT_P50_US", true),
+    ("RTT_P99_US", true),
+    ("PROBER_P50_US", true),
+    ("RESP_P50_US", true),
+];
+
+/// [`PROBE_COLUMNS`] cells of anything with a path summary's probe fields (a summary, a
+/// ToR pair's aggregate).
+macro_rules! probe_cells {
+    ($s:expr) => {{
+        let s = $s;
+        let (total, failed) = (s.probe_total as u64, s.probe_failed as u64);
+        [
+            total.to_string(),
+            $crate::format::loss_pct(failed, total),
+            $crate::format::us(s.network_rtt_p50_ns),
+            $crate::format::us(s.network_rtt_p99_ns),
+            $crate::format::us(s.prober_delay_p50_ns),
+            $crate::format::us(s.responder_delay_p50_ns),
+        ]
+    }};
+}
+pub(crate) use probe_cells;
+
 /// Nanoseconds as microseconds with one decimal ("12.3").
 pub fn us(ns: u64) -> String {
     format!("{:.1}", ns as f64 / 1000.0)

@@ -6,7 +6,7 @@ use serde_json::{json, Value};
 
 use rpingmesh_proto::operator::{GetHostRequest, HostHealth, ListHostsRequest};
 
-use crate::connect::{Failure, Target};
+use crate::connect::{Call, Failure};
 use crate::format::{or_dash, utc, Table};
 
 fn host_json(h: &HostHealth, with_report: bool) -> Value {
@@ -28,20 +28,15 @@ fn host_json(h: &HostHealth, with_report: bool) -> Value {
 }
 
 /// One host: its tree and verdict as the agent printed them, and when.
-pub async fn host(
-    op: &mut crate::connect::Operator,
-    target: &Target,
-    name: &str,
-    json: bool,
-) -> Result<String, Failure> {
-    let h = op
-        .get_host(GetHostRequest {
+pub async fn host(c: &mut Call<'_>, name: &str) -> Result<String, Failure> {
+    let h = c.target.answer(
+        "host",
+        c.op.get_host(GetHostRequest {
             hostname: name.to_string(),
         })
-        .await
-        .map_err(|s| target.rpc_failure("host", s))?
-        .into_inner();
-    if json {
+        .await,
+    )?;
+    if c.json {
         return Ok(format!("{}\n", host_json(&h, true)));
     }
     Ok(format!(
@@ -55,19 +50,15 @@ pub async fn host(
 }
 
 /// Every host that reported, one row each.
-pub async fn hosts(
-    op: &mut crate::connect::Operator,
-    target: &Target,
-    problems_only: bool,
-    json: bool,
-) -> Result<String, Failure> {
-    let hosts = op
-        .list_hosts(ListHostsRequest { problems_only })
-        .await
-        .map_err(|s| target.rpc_failure("hosts", s))?
-        .into_inner()
+pub async fn hosts(c: &mut Call<'_>, problems_only: bool) -> Result<String, Failure> {
+    let hosts = c
+        .target
+        .answer(
+            "hosts",
+            c.op.list_hosts(ListHostsRequest { problems_only }).await,
+        )?
         .hosts;
-    if json {
+    if c.json {
         return Ok(hosts
             .iter()
             .map(|h| format!("{}\n", host_json(h, false)))

@@ -6,7 +6,7 @@ use serde_json::json;
 
 use rpingmesh_proto::operator::{ListFindingsRequest, ListServicePathsRequest, ServicePath};
 
-use crate::connect::{Failure, Target};
+use crate::connect::{Call, Failure};
 use crate::findings::{finding_json, impact_cell};
 use crate::format::{utc, Table};
 
@@ -18,17 +18,14 @@ pub fn is_of(p: &ServicePath, name: &str) -> bool {
         })
 }
 
-pub async fn job(
-    op: &mut crate::connect::Operator,
-    target: &Target,
-    name: &str,
-    json: bool,
-) -> Result<String, Failure> {
-    let paths: Vec<ServicePath> = op
-        .list_service_paths(ListServicePathsRequest::default())
-        .await
-        .map_err(|s| target.rpc_failure("job", s))?
-        .into_inner()
+pub async fn job(c: &mut Call<'_>, name: &str) -> Result<String, Failure> {
+    let paths: Vec<ServicePath> = c
+        .target
+        .answer(
+            "job",
+            c.op.list_service_paths(ListServicePathsRequest::default())
+                .await,
+        )?
         .paths
         .into_iter()
         .filter(|p| is_of(p, name))
@@ -36,14 +33,16 @@ pub async fn job(
     let services: std::collections::BTreeSet<String> =
         paths.iter().map(|p| p.service.clone()).collect();
     // Findings keep their impact once resolved: a job that is gone still shows them.
-    let findings: Vec<_> = op
-        .list_findings(ListFindingsRequest {
-            resolved_limit: 50,
-            kind: String::new(),
-        })
-        .await
-        .map_err(|s| target.rpc_failure("job", s))?
-        .into_inner()
+    let findings: Vec<_> = c
+        .target
+        .answer(
+            "job",
+            c.op.list_findings(ListFindingsRequest {
+                resolved_limit: 50,
+                kind: String::new(),
+            })
+            .await,
+        )?
         .findings
         .into_iter()
         .filter(|f| {
@@ -61,7 +60,7 @@ pub async fn job(
             "job {name:?}: no live service path and no finding names it"
         )));
     }
-    if json {
+    if c.json {
         return Ok(format!(
             "{}\n",
             json!({

@@ -38,9 +38,12 @@ use rpingmesh_proto::operator::{
     ListTorPairsRequest, ListViolationsRequest,
 };
 
-use connect::{Failure, Given, Target};
+use connect::{Call, Failure, Given};
 use findings::FindingsArgs;
-use format::{loss_pct, or_dash, summary_json, us, utc, Table};
+use format::{
+    loss_pct, or_dash, path_cells, probe_cells, summary_json, us, utc, Table, PATH_COLUMNS,
+    PROBE_COLUMNS,
+};
 use watch::WatchArgs;
 
 const AFTER_HELP: &str = "\
@@ -202,23 +205,27 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     let target = connect::resolve(&cli.connection)?;
     let op = target.connect().await?;
     let (cmd, json) = (&cli.cmd, cli.json);
+    let call = |op: &connect::Operator| Call {
+        op: op.clone(),
+        target: &target,
+        json,
+    };
     if let Cmd::Findings(a) = cmd {
         if a.watch {
-            return findings::watch(&mut op.clone(), &target, a, json).await;
+            return findings::watch(&mut call(&op), a).await;
         }
     }
     match cmd.watch() {
         Some(w) => {
             let title = std::env::args().skip(1).collect::<Vec<_>>().join(" ");
-            let target = &target;
             watch::run(w, &title, || {
-                let mut op = op.clone();
-                async move { query(&mut op, target, cmd, json).await }
+                let mut c = call(&op);
+                async move { query(&mut c, cmd).await }
             })
             .await
         }
         None => {
-            let out = query(&mut op.clone(), &target, cmd, json).await?;
+            let out = query(&mut call(&op), cmd).await?;
             print!("{out}");
             Ok(())
         }
@@ -226,23 +233,20 @@ async fn run(cli: Cli) -> Result<(), Failure> {
 }
 
 /// One query of `cmd`, rendered (table or JSON rows).
-async fn query(
-    op: &mut connect::Operator,
-    target: &Target,
-    cmd: &Cmd,
-    json: bool,
-) -> Result<String, Failure> {
+async fn query(c: &mut Call<'_>, cmd: &Cmd) -> Result<String, Failure> {
     let out = match cmd {
         Cmd::Rnics { tor } => {
-            let rnics = op
-                .list_rnics(ListRnicsRequest {
-                    tor_id: tor.clone().unwrap_or_default(),
-                })
-                .await
-                .map_err(|s| target.rpc_failure("rnics", s))?
-                .into_inner()
+            let rnics = c
+                .target
+                .answer(
+                    "rnics",
+                    c.op.list_rnics(ListRnicsRequest {
+                        tor_id: tor.clone().unwrap_or_default(),
+                    })
+                    .await,
+                )?
                 .rnics;
-            if json {
+            if c.json {
                 json_rows(rnics.iter().map(|r| {
                     let i = r.rnic.clone().unwrap_or_default();
                     json!({
@@ -310,60 +314,37 @@ async fn query(
             };
             let mut paths: Vec<PathSummary> = Vec::new();
             for r in reqs {
-                paths.extend(
-                    op.list_paths(r)
-                        .await
-                        .map_err(|s| target.rpc_failure("paths", s))?
-                        .into_inner()
-                        .paths,
-                );
+                paths.extend(c.target.answer("paths", c.op.list_paths(r).await)?.paths);
             }
-            if json {
+            if c.json {
                 json_rows(paths.iter().map(summary_json))
             } else {
-                let mut t = Table::new(&[
-                    ("SRC_TOR", false),
-                    ("SRC_GID", false),
-                    ("DST_TOR", false),
-                    ("DST_GID", false),
-                    ("TYPE", false),
-                    ("SERVICE", false),
-                    ("WINDOW_START", false),
-                    ("PROBES", true),
-                    ("LOSS%", true),
-                    ("RTT_P50_US", true),
-                    ("RTT_P99_US", true),
-                    ("PROBER_P50_US", true),
-                    ("RESP_P50_US", true),
-                ]);
+                let mut t = Table::new(
+                    &[
+                        &PATH_COLUMNS[..],
+                        &[("WINDOW_START", false)],
+                        &PROBE_COLUMNS,
+                    ]
+                    .concat(),
+                );
                 for s in &paths {
-                    t.row(vec![
-                        s.source_tor_id.clone(),
-                        s.source_gid.clone(),
-                        s.target_tor_id.clone(),
-                        s.target_gid.clone(),
-                        format::pinglist_type_name(s.pinglist_type).into(),
-                        or_dash(&s.service),
-                        utc(s.window_start_unix_ns / 1_000_000_000),
-                        s.probe_total.to_string(),
-                        loss_pct(s.probe_failed as u64, s.probe_total as u64),
-                        us(s.network_rtt_p50_ns),
-                        us(s.network_rtt_p99_ns),
-                        us(s.prober_delay_p50_ns),
-                        us(s.responder_delay_p50_ns),
-                    ]);
+                    let mut cells = path_cells(s).to_vec();
+                    cells.push(utc(s.window_start_unix_ns / 1_000_000_000));
+                    cells.extend(probe_cells!(s));
+                    t.row(cells);
                 }
                 t.render()
             }
         }
         Cmd::TorPairs => {
-            let pairs = op
-                .list_tor_pairs(ListTorPairsRequest {})
-                .await
-                .map_err(|s| target.rpc_failure("tor-pairs", s))?
-                .into_inner()
+            let pairs = c
+                .target
+                .answer(
+                    "tor-pairs",
+                    c.op.list_tor_pairs(ListTorPairsRequest {}).await,
+                )?
                 .pairs;
-            if json {
+            if c.json {
                 json_rows(pairs.iter().map(|p| {
                     json!({
                         "source_tor_id": p.source_tor_id, "target_tor_id": p.target_tor_id,
@@ -378,43 +359,37 @@ async fn query(
                     })
                 }))
             } else {
-                let mut t = Table::new(&[
-                    ("SRC_TOR", false),
-                    ("DST_TOR", false),
-                    ("PATHS", true),
-                    ("PROBES", true),
-                    ("LOSS%", true),
-                    ("RTT_P50_US", true),
-                    ("RTT_P99_US", true),
-                    ("PROBER_P50_US", true),
-                    ("RESP_P50_US", true),
-                    ("INVALID", true),
-                ]);
+                let mut t = Table::new(
+                    &[
+                        &[("SRC_TOR", false), ("DST_TOR", false), ("PATHS", true)][..],
+                        &PROBE_COLUMNS,
+                        &[("INVALID", true)],
+                    ]
+                    .concat(),
+                );
                 for p in &pairs {
-                    t.row(vec![
+                    let mut cells = vec![
                         p.source_tor_id.clone(),
                         p.target_tor_id.clone(),
                         p.paths.to_string(),
-                        p.probe_total.to_string(),
-                        loss_pct(p.probe_failed, p.probe_total),
-                        us(p.network_rtt_p50_ns),
-                        us(p.network_rtt_p99_ns),
-                        us(p.prober_delay_p50_ns),
-                        us(p.responder_delay_p50_ns),
-                        p.invalid_rtt_count.to_string(),
-                    ]);
+                    ];
+                    cells.extend(probe_cells!(p));
+                    cells.push(p.invalid_rtt_count.to_string());
+                    t.row(cells);
                 }
                 t.render()
             }
         }
         Cmd::Violations { limit } => {
-            let vs = op
-                .list_violations(ListViolationsRequest { limit: *limit })
-                .await
-                .map_err(|s| target.rpc_failure("violations", s))?
-                .into_inner()
+            let vs = c
+                .target
+                .answer(
+                    "violations",
+                    c.op.list_violations(ListViolationsRequest { limit: *limit })
+                        .await,
+                )?
                 .violations;
-            if json {
+            if c.json {
                 json_rows(vs.iter().map(|v| {
                     json!({
                         "kind": v.kind,
@@ -423,50 +398,40 @@ async fn query(
                     })
                 }))
             } else {
-                let mut t = Table::new(&[
-                    ("DETECTED", false),
-                    ("KIND", false),
-                    ("SRC_TOR", false),
-                    ("SRC_GID", false),
-                    ("DST_TOR", false),
-                    ("DST_GID", false),
-                    ("TYPE", false),
-                    ("SERVICE", false),
-                    ("PROBES", true),
-                    ("LOSS%", true),
-                    ("RTT_P99_US", true),
-                ]);
+                let mut t = Table::new(
+                    &[
+                        &[("DETECTED", false), ("KIND", false)][..],
+                        &PATH_COLUMNS,
+                        &[("PROBES", true), ("LOSS%", true), ("RTT_P99_US", true)],
+                    ]
+                    .concat(),
+                );
                 for v in &vs {
                     let s = v.summary.clone().unwrap_or_default();
-                    t.row(vec![
-                        utc(v.detected_unix_ns / 1_000_000_000),
-                        v.kind.clone(),
-                        s.source_tor_id,
-                        s.source_gid,
-                        s.target_tor_id,
-                        s.target_gid,
-                        format::pinglist_type_name(s.pinglist_type).into(),
-                        or_dash(&s.service),
+                    let mut cells = vec![utc(v.detected_unix_ns / 1_000_000_000), v.kind.clone()];
+                    cells.extend(path_cells(&s));
+                    cells.extend([
                         s.probe_total.to_string(),
                         loss_pct(s.probe_failed as u64, s.probe_total as u64),
                         us(s.network_rtt_p99_ns),
                     ]);
+                    t.row(cells);
                 }
                 t.render()
             }
         }
-        Cmd::Findings(a) => findings::list(op, target, a, json).await?,
-        Cmd::Host { name } => hosts::host(op, target, name, json).await?,
+        Cmd::Findings(a) => findings::list(c, a).await?,
+        Cmd::Host { name } => hosts::host(c, name).await?,
         Cmd::DeleteAgent { agent_id, reason } => {
-            let r = op
-                .delete_agent(DeleteAgentRequest {
+            let r = c.target.answer(
+                "DeleteAgent",
+                c.op.delete_agent(DeleteAgentRequest {
                     agent_id: agent_id.clone(),
                     reason: reason.clone(),
                 })
-                .await
-                .map_err(|s| target.rpc_failure("DeleteAgent", s))?
-                .into_inner();
-            if json {
+                .await,
+            )?;
+            if c.json {
                 format!(
                     "{}\n",
                     json!({"agent_id": agent_id, "removed_rnics": r.removed_rnics})
@@ -475,14 +440,14 @@ async fn query(
                 format!("deleted agent {agent_id} ({} RNICs)\n", r.removed_rnics)
             }
         }
-        Cmd::Hosts { problems } => hosts::hosts(op, target, *problems, json).await?,
-        Cmd::Audit { limit } => audit::audit(op, target, *limit, json).await?,
-        Cmd::Job { name } => job::job(op, target, name, json).await?,
-        Cmd::Drain(a) => actions::drain(op, target, a, json).await?,
-        Cmd::Silence(a) => actions::silence(op, target, a, json).await?,
-        Cmd::EndAction { id } => actions::end(op, target, *id, json).await?,
-        Cmd::Actions => actions::list(op, target, json).await?,
-        Cmd::Trace(a) => trace::trace(op, target, a, json).await?,
+        Cmd::Hosts { problems } => hosts::hosts(c, *problems).await?,
+        Cmd::Audit { limit } => audit::audit(c, *limit).await?,
+        Cmd::Job { name } => job::job(c, name).await?,
+        Cmd::Drain(a) => actions::drain(c, a).await?,
+        Cmd::Silence(a) => actions::silence(c, a).await?,
+        Cmd::EndAction { id } => actions::end(c, *id).await?,
+        Cmd::Actions => actions::list(c).await?,
+        Cmd::Trace(a) => trace::trace(c, a).await?,
         Cmd::ServicePaths {
             service,
             gid,
@@ -496,7 +461,7 @@ async fn query(
                 source_tor_id: src,
                 target_tor_id: dst,
             };
-            service_paths::list(op, target, req, json).await?
+            service_paths::list(c, req).await?
         }
     };
     Ok(out)

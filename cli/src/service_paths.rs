@@ -5,7 +5,7 @@ use serde_json::json;
 
 use rpingmesh_proto::operator::{ListServicePathsRequest, ServicePath};
 
-use crate::connect::{Failure, Target};
+use crate::connect::{Call, Failure};
 use crate::format::{loss_pct, or_dash, summary_json, us, Table};
 
 fn workload_json(p: &ServicePath) -> serde_json::Value {
@@ -120,17 +120,10 @@ pub fn render(paths: &[ServicePath], json: bool) -> String {
     t.render()
 }
 
-pub async fn list(
-    op: &mut crate::connect::Operator,
-    target: &Target,
-    req: ListServicePathsRequest,
-    json: bool,
-) -> Result<String, Failure> {
-    let paths = op
-        .list_service_paths(req)
-        .await
-        .map_err(|s| target.rpc_failure("service-paths", s))?
-        .into_inner()
+pub async fn list(c: &mut Call<'_>, req: ListServicePathsRequest) -> Result<String, Failure> {
+    let paths = c
+        .target
+        .answer("service-paths", c.op.list_service_paths(req).await)?
         .paths;
-    Ok(render(&paths, json))
+    Ok(render(&paths, c.json))
 }

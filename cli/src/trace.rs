@@ -10,7 +10,7 @@ use serde_json::json;
 
 use rpingmesh_proto::operator::{GetTraceRequest, StartTraceRequest, Trace};
 
-use crate::connect::{Failure, Target};
+use crate::connect::{Call, Failure};
 use crate::format::{loss_pct, or_dash, us, Table};
 
 #[derive(Debug, Clone, Args)]
@@ -109,22 +109,17 @@ fn render(t: &Trace, json: bool) -> String {
     )
 }
 
-pub async fn trace(
-    op: &mut crate::connect::Operator,
-    target: &Target,
-    a: &TraceArgs,
-    json: bool,
-) -> Result<String, Failure> {
-    let started = op
-        .start_trace(StartTraceRequest {
+pub async fn trace(c: &mut Call<'_>, a: &TraceArgs) -> Result<String, Failure> {
+    let started = c.target.answer(
+        "trace",
+        c.op.start_trace(StartTraceRequest {
             source_gid: a.source.clone(),
             target_gid: a.target.clone(),
             first_label: a.first_label,
             labels: a.labels,
         })
-        .await
-        .map_err(|s| target.rpc_failure("trace", s))?
-        .into_inner();
+        .await,
+    )?;
     eprintln!(
         "rpingmeshctl: trace {} started: {} labels, waiting for the agent's windows",
         started.id,
@@ -132,13 +127,12 @@ pub async fn trace(
     );
     let deadline = Instant::now() + Duration::from_secs(a.wait_sec);
     loop {
-        let t = op
-            .get_trace(GetTraceRequest { id: started.id })
-            .await
-            .map_err(|s| target.rpc_failure("trace", s))?
-            .into_inner();
+        let t = c.target.answer(
+            "trace",
+            c.op.get_trace(GetTraceRequest { id: started.id }).await,
+        )?;
         if t.state != "probing" || Instant::now() >= deadline {
-            return Ok(render(&t, json));
+            return Ok(render(&t, c.json));
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }

@@ -21,6 +21,26 @@ pub fn grpc_uri(addr: &str, tls: bool) -> String {
     }
 }
 
+/// Checks each `tls_*` file a client's `tls_mode` needs with `need(key, value)` (`files`:
+/// the CA, the certificate, the key): none when `disabled`, the CA with `tls`, all three
+/// with `mtls`.
+pub fn check_client_tls_files<E>(
+    tls_mode: &str,
+    files: [&str; 3],
+    mut need: impl FnMut(&str, &str) -> Result<(), E>,
+) -> Result<(), E> {
+    let keys = ["tls_ca_file", "tls_cert_file", "tls_key_file"];
+    let needed = match tls_mode {
+        "mtls" => 3,
+        "tls" => 1,
+        _ => 0,
+    };
+    keys.into_iter()
+        .zip(files)
+        .take(needed)
+        .try_for_each(|(key, v)| need(key, v))
+}
+
 /// Client TLS for a controller connection from the `tls_*` keys (the agent's and
 /// rpingmeshctl's): the CA always, the client identity for mTLS, the server name when
 /// set. A file that cannot be read is an error naming its key.

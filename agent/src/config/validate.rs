@@ -3,6 +3,28 @@
 //! key in one line.
 
 use super::*;
+use rpingmesh_proto::endpoint::check_client_tls_files;
+
+/// `key` must not be 0.
+fn nonzero<T: PartialEq + Default>(key: &str, v: T) -> Result<(), ConfigError> {
+    if v == T::default() {
+        return Err(err(format!("{key} must be > 0")));
+    }
+    Ok(())
+}
+
+/// `key` must lie in `range` (both ends in the message).
+fn in_range<T: PartialOrd + std::fmt::Display>(
+    key: &str,
+    v: T,
+    range: std::ops::RangeInclusive<T>,
+) -> Result<(), ConfigError> {
+    if !range.contains(&v) {
+        let (lo, hi) = range.into_inner();
+        return Err(err(format!("{key} must be in {lo}..={hi}, got {v}")));
+    }
+    Ok(())
+}
 
 impl AgentConfig {
     /// Checks every key; the first problem found is returned, naming its key.
@@ -20,9 +42,7 @@ impl AgentConfig {
                 "controller_addr must not be empty (e.g. localhost:50051)",
             ));
         }
-        if self.probe_interval_ms == 0 {
-            return Err(err("probe_interval_ms must be > 0"));
-        }
+        nonzero("probe_interval_ms", self.probe_interval_ms)?;
         for (key, v, zero_ok) in [
             (
                 "target_probe_rate_per_second",
@@ -60,27 +80,13 @@ impl AgentConfig {
                 "focus_probe_rate_per_second must be in [0, 1000] (0 = no FOCUS probes), got {f}"
             )));
         }
-        if self.pinglist_update_interval_sec == 0 {
-            return Err(err("pinglist_update_interval_sec must be > 0"));
-        }
-        if !(0..=255).contains(&self.gid_index) {
-            return Err(err(format!(
-                "gid_index must be in 0..=255, got {}",
-                self.gid_index
-            )));
-        }
-        if !(0..=7).contains(&self.service_level) {
-            return Err(err(format!(
-                "service_level must be in 0..=7, got {}",
-                self.service_level
-            )));
-        }
-        if !(0..=255).contains(&self.traffic_class) {
-            return Err(err(format!(
-                "traffic_class must be in 0..=255, got {}",
-                self.traffic_class
-            )));
-        }
+        nonzero(
+            "pinglist_update_interval_sec",
+            self.pinglist_update_interval_sec,
+        )?;
+        in_range("gid_index", self.gid_index, 0..=255)?;
+        in_range("service_level", self.service_level, 0..=7)?;
+        in_range("traffic_class", self.traffic_class, 0..=255)?;
         let exporter = self.exporter()?;
         if self.metrics_enabled && exporter.prometheus() {
             self.prometheus_socket_addr()?;
@@ -90,12 +96,8 @@ impl AgentConfig {
                 "otel_collector_addr must not be empty when metrics_enabled is true",
             ));
         }
-        if self.analysis_window_sec == 0 {
-            return Err(err("analysis_window_sec must be > 0"));
-        }
-        if self.watchdog_interval_sec == 0 {
-            return Err(err("watchdog_interval_sec must be > 0"));
-        }
+        nonzero("analysis_window_sec", self.analysis_window_sec)?;
+        nonzero("watchdog_interval_sec", self.watchdog_interval_sec)?;
         if !(self.throttle_memory_ratio > 0.0 && self.throttle_memory_ratio <= 1.0) {
             return Err(err(format!(
                 "throttle_memory_ratio must be in (0, 1], got {}",
@@ -125,15 +127,12 @@ impl AgentConfig {
                 }
             }
         }
-        if self.probe_timeout_ms == 0 {
-            return Err(err("probe_timeout_ms must be > 0"));
-        }
-        if self.metrics_export_interval_ms == 0 {
-            return Err(err("metrics_export_interval_ms must be > 0"));
-        }
-        if self.report_batch_max == 0 {
-            return Err(err("report_batch_max must be > 0"));
-        }
+        nonzero("probe_timeout_ms", self.probe_timeout_ms)?;
+        nonzero(
+            "metrics_export_interval_ms",
+            self.metrics_export_interval_ms,
+        )?;
+        nonzero("report_batch_max", self.report_batch_max)?;
         self.validate_service()?;
         self.validate_hostping()?;
         self.validate_rc_ring()
@@ -149,9 +148,7 @@ impl AgentConfig {
                 )));
             }
         }
-        if self.rc_ring_port == 0 {
-            return Err(err("rc_ring_port must be > 0"));
-        }
+        nonzero("rc_ring_port", self.rc_ring_port)?;
         if self.rc_ring_ack_timeout_exp > 31 {
             return Err(err(format!(
                 "rc_ring_ack_timeout_exp must be in 0..=31 (0: the RDMA-CM's default), got {}",
@@ -164,18 +161,12 @@ impl AgentConfig {
                 self.rc_ring_budget_bytes
             )));
         }
-        if !(1..=4096).contains(&self.rc_ring_max_rings) {
-            return Err(err(format!(
-                "rc_ring_max_rings must be in 1..=4096, got {}",
-                self.rc_ring_max_rings
-            )));
-        }
-        if !(10..=3_600_000).contains(&self.rc_ring_probe_interval_ms) {
-            return Err(err(format!(
-                "rc_ring_probe_interval_ms must be in 10..=3600000, got {}",
-                self.rc_ring_probe_interval_ms
-            )));
-        }
+        in_range("rc_ring_max_rings", self.rc_ring_max_rings, 1..=4096)?;
+        in_range(
+            "rc_ring_probe_interval_ms",
+            self.rc_ring_probe_interval_ms,
+            10..=3_600_000,
+        )?;
         if self.rc_ring_probe_timeout_ms == 0
             || self.rc_ring_probe_timeout_ms > self.rc_ring_probe_interval_ms
         {
@@ -184,15 +175,16 @@ impl AgentConfig {
                 self.rc_ring_probe_interval_ms, self.rc_ring_probe_timeout_ms
             )));
         }
-        for (key, v) in [
-            ("rc_ring_hot_wait_us", self.rc_ring_hot_wait_us),
-            ("rc_ring_poll_lead_us", self.rc_ring_poll_lead_us),
-        ] {
-            if !(1..=1_000_000).contains(&v) {
-                return Err(err(format!("{key} must be in 1..=1000000, got {v}")));
-            }
-        }
-        Ok(())
+        in_range(
+            "rc_ring_hot_wait_us",
+            self.rc_ring_hot_wait_us,
+            1..=1_000_000,
+        )?;
+        in_range(
+            "rc_ring_poll_lead_us",
+            self.rc_ring_poll_lead_us,
+            1..=1_000_000,
+        )
     }
 
     pub(super) fn validate_hostping(&self) -> Result<(), ConfigError> {
@@ -270,9 +262,7 @@ impl AgentConfig {
                 )));
             }
         }
-        if self.max_service_names == 0 {
-            return Err(err("max_service_names must be > 0"));
-        }
+        nonzero("max_service_names", self.max_service_names)?;
         if !(1..=60_000).contains(&self.service_flow_report_interval_ms) {
             return Err(err(format!(
                 "service_flow_report_interval_ms must be in 1..=60000 (the controller expires flows of agents silent for 120 s), got {}",
@@ -295,15 +285,8 @@ impl AgentConfig {
             }
             Ok(())
         };
-        match self.tls_mode {
-            TlsMode::Disabled => Ok(()),
-            TlsMode::Tls => need("tls_ca_file", &self.tls_ca_file),
-            TlsMode::Mtls => {
-                need("tls_ca_file", &self.tls_ca_file)?;
-                need("tls_cert_file", &self.tls_cert_file)?;
-                need("tls_key_file", &self.tls_key_file)
-            }
-        }
+        let files = [&self.tls_ca_file, &self.tls_cert_file, &self.tls_key_file];
+        check_client_tls_files(self.tls_mode_str(), files.map(String::as_str), need)
     }
 
     pub(super) fn tls_mode_str(&self) -> &'static str {
