@@ -158,11 +158,11 @@ impl ControllerClient {
         })
     }
 
-    /// Runs `f` on the current replica, then on each next one while they cannot be
-    /// reached; the one that answers becomes current.
-    async fn call<T, F, Fut>(&self, f: F) -> Result<T, ControllerError>
+    /// Runs `f` with a copy of `req` on the current replica, then on each next one while
+    /// they cannot be reached; the one that answers becomes current.
+    async fn call<R: Clone, T, F, Fut>(&self, req: R, f: F) -> Result<T, ControllerError>
     where
-        F: Fn(ControllerServiceClient<Channel>) -> Fut,
+        F: Fn(ControllerServiceClient<Channel>, R) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
         let n = self.replicas.len();
@@ -170,7 +170,7 @@ impl ControllerClient {
         let mut last = None;
         for k in 0..n {
             let i = (start + k) % n;
-            match f(self.replicas[i].1.clone()).await {
+            match f(self.replicas[i].1.clone(), req.clone()).await {
                 Ok(r) => {
                     if i != start
                         && self
@@ -201,10 +201,7 @@ impl ControllerClient {
     /// as from a Go controller).
     pub async fn register(&self, req: AgentRegistrationRequest) -> Result<u32, ControllerError> {
         let resp = self
-            .call(|mut c| {
-                let req = req.clone();
-                async move { c.register_agent(req).await }
-            })
+            .call(req, |mut c, r| async move { c.register_agent(r).await })
             .await?;
         if resp.success {
             Ok(resp.heartbeat_interval_sec)
@@ -232,10 +229,7 @@ impl ControllerClient {
             r#type: ty as i32,
         };
         let resp = self
-            .call(|mut c| {
-                let req = req.clone();
-                async move { c.get_pinglist(req).await }
-            })
+            .call(req, |mut c, r| async move { c.get_pinglist(r).await })
             .await?;
         Ok(resp.targets)
     }
@@ -244,10 +238,10 @@ impl ControllerClient {
         &self,
         report: ServiceFlowReport,
     ) -> Result<ServiceFlowAck, ControllerError> {
-        self.call(|mut c| {
-            let r = report.clone();
-            async move { c.report_service_flows(r).await }
-        })
+        self.call(
+            report,
+            |mut c, r| async move { c.report_service_flows(r).await },
+        )
         .await
     }
 
@@ -256,10 +250,10 @@ impl ControllerClient {
         &self,
         report: HostHealthReport,
     ) -> Result<HostHealthAck, ControllerError> {
-        self.call(|mut c| {
-            let r = report.clone();
-            async move { c.report_host_health(r).await }
-        })
+        self.call(
+            report,
+            |mut c, r| async move { c.report_host_health(r).await },
+        )
         .await
     }
 
@@ -275,10 +269,10 @@ impl ControllerClient {
             summaries: Vec::new(),
             await_window_unix_ns: window_start_unix_ns,
         };
-        self.call(|mut c| {
-            let r = req.clone();
-            async move { c.report_probe_analysis(r).await }
-        })
+        self.call(
+            req,
+            |mut c, r| async move { c.report_probe_analysis(r).await },
+        )
         .await
     }
 
@@ -292,10 +286,10 @@ impl ControllerClient {
             summaries,
             ..Default::default()
         };
-        self.call(|mut c| {
-            let r = req.clone();
-            async move { c.report_probe_analysis(r).await }
-        })
+        self.call(
+            req,
+            |mut c, r| async move { c.report_probe_analysis(r).await },
+        )
         .await
     }
 }

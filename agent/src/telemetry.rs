@@ -18,35 +18,41 @@ pub const RTT_BUCKETS_NS: [f64; 11] = [
     10000000.0,
 ];
 
-/// Why a probe failed (`reason` attribute of rpingmesh.probe_failed_total).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum FailReason {
-    Timeout = 0,
-    MissingTimestamp = 1,
-    NegativeRtt = 2,
-    AbsurdRtt = 3,
-    SendError = 4,
+/// A metric attribute's enum: its variants, `ALL` of them (one attribute set each, built
+/// once, indexed by `variant as usize`) and the attribute value of each.
+macro_rules! attribute_enum {
+    ($(#[$m:meta])* $name:ident { $($variant:ident = $value:literal),+ $(,)? }) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum $name {
+            $($variant),+
+        }
+
+        impl $name {
+            pub const ALL: [$name; [$($value),+].len()] = [$($name::$variant),+];
+
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $value),+
+                }
+            }
+        }
+    };
+}
+
+attribute_enum! {
+    /// Why a probe failed (`reason` attribute of rpingmesh.probe_failed_total; the finer
+    /// `reason_detail` for the invalid ones, and logs).
+    FailReason {
+        Timeout = "timeout",
+        MissingTimestamp = "missing_timestamp",
+        NegativeRtt = "negative_rtt",
+        AbsurdRtt = "absurd_rtt",
+        SendError = "send_error",
+    }
 }
 
 impl FailReason {
-    pub const ALL: [FailReason; 5] = [
-        FailReason::Timeout,
-        FailReason::MissingTimestamp,
-        FailReason::NegativeRtt,
-        FailReason::AbsurdRtt,
-        FailReason::SendError,
-    ];
-    /// The finer reason (`reason_detail` for the invalid ones; logs).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FailReason::Timeout => "timeout",
-            FailReason::MissingTimestamp => "missing_timestamp",
-            FailReason::NegativeRtt => "negative_rtt",
-            FailReason::AbsurdRtt => "absurd_rtt",
-            FailReason::SendError => "send_error",
-        }
-    }
-
     /// The `reason` attribute as the Go version spells it (timeout, send_error,
     /// invalid_rtt, unknown), so dashboards of a mixed fleet group alike.
     pub fn go_reason(self) -> &'static str {
@@ -67,32 +73,14 @@ impl FailReason {
     }
 }
 
-/// Why an incoming datagram was dropped (`reason` of rpingmesh.agent.dropped_packets_total).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum DropReason {
-    BadLength = 0,
-    BadVersion = 1,
-    UnknownMsgType = 2,
-    UnknownAckType = 3,
-    Inconsistent = 4,
-}
-
-impl DropReason {
-    pub const ALL: [DropReason; 5] = [
-        DropReason::BadLength,
-        DropReason::BadVersion,
-        DropReason::UnknownMsgType,
-        DropReason::UnknownAckType,
-        DropReason::Inconsistent,
-    ];
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DropReason::BadLength => "bad_length",
-            DropReason::BadVersion => "bad_version",
-            DropReason::UnknownMsgType => "unknown_msg_type",
-            DropReason::UnknownAckType => "unknown_ack_type",
-            DropReason::Inconsistent => "inconsistent",
-        }
+attribute_enum! {
+    /// Why an incoming datagram was dropped (`reason` of rpingmesh.agent.dropped_packets_total).
+    DropReason {
+        BadLength = "bad_length",
+        BadVersion = "bad_version",
+        UnknownMsgType = "unknown_msg_type",
+        UnknownAckType = "unknown_ack_type",
+        Inconsistent = "inconsistent",
     }
 }
 
@@ -456,6 +444,14 @@ mod tests {
     use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData};
     use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader};
 
+    /// Telemetry whose metrics land in memory, read back by flushing its provider.
+    fn in_memory() -> (Telemetry, InMemoryMetricExporter) {
+        let exporter = InMemoryMetricExporter::default();
+        let reader = PeriodicReader::builder(exporter.clone()).build();
+        let provider = SdkMeterProvider::builder().with_reader(reader).build();
+        (Telemetry::from_provider(provider), exporter)
+    }
+
     #[test]
     fn collector_uri_adds_scheme() {
         assert_eq!(collector_uri("localhost:4317"), "http://localhost:4317");
@@ -486,10 +482,7 @@ mod tests {
 
     #[test]
     fn names_units_buckets_and_attributes() {
-        let exporter = InMemoryMetricExporter::default();
-        let reader = PeriodicReader::builder(exporter.clone()).build();
-        let provider = SdkMeterProvider::builder().with_reader(reader).build();
-        let t = Telemetry::from_provider(provider);
+        let (t, exporter) = in_memory();
         let attrs = PathAttrs::new("tor-a", "tor-b");
         let s = RttSample {
             network_rtt_ns: 700,
@@ -597,15 +590,11 @@ mod tests {
                 .map(|m| m.name().to_string())
                 .collect()
         };
-        let exporter = InMemoryMetricExporter::default();
-        let reader = PeriodicReader::builder(exporter.clone()).build();
-        let t = Telemetry::from_provider(SdkMeterProvider::builder().with_reader(reader).build());
+        let (t, exporter) = in_memory();
         t.metrics.record_dropped(DropReason::BadLength);
         assert!(!names(&t, &exporter).contains(&"rpingmesh.agent.self_throttle".to_string()));
 
-        let exporter = InMemoryMetricExporter::default();
-        let reader = PeriodicReader::builder(exporter.clone()).build();
-        let t = Telemetry::from_provider(SdkMeterProvider::builder().with_reader(reader).build());
+        let (t, exporter) = in_memory();
         t.self_throttle_gauge().record(0.25, &[]);
         t.provider().force_flush().unwrap();
         let got = exporter.get_finished_metrics().unwrap();
@@ -625,10 +614,7 @@ mod tests {
 
     #[test]
     fn service_targets_carry_a_service_attribute() {
-        let exporter = InMemoryMetricExporter::default();
-        let reader = PeriodicReader::builder(exporter.clone()).build();
-        let provider = SdkMeterProvider::builder().with_reader(reader).build();
-        let t = Telemetry::from_provider(provider);
+        let (t, exporter) = in_memory();
         let plain = PathAttrs::new("tor-a", "tor-b");
         let svc = PathAttrs::with_service("tor-a", "tor-b", "training");
         t.metrics.record_failure(&plain, FailReason::Timeout);

@@ -315,6 +315,36 @@ impl QpImage {
 }
 
 /// ns per `ibv_modify_qp` call over `calls` calls.
+/// This executable, when the tracer may attach uprobes to it (else why not).
+fn traceable_self() -> Result<std::path::PathBuf, String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err("not root: attaching uprobes needs CAP_BPF + CAP_PERFMON".into());
+    }
+    std::fs::read_link("/proc/self/exe").map_err(|e| format!("/proc/self/exe: {e}"))
+}
+
+/// The tracer on `exe`'s libibverbs uprobes alone, every GID resolved to one link-local
+/// address and no QP filtered out.
+fn start_uprobe_tracer(rt: &tokio::runtime::Runtime, exe: std::path::PathBuf) -> Started {
+    let cfg = TracerConfig {
+        mode: TracingMode::Uprobe,
+        discover_libibverbs: false,
+        uprobe_targets: vec![exe],
+        liveness_interval: Duration::from_millis(200),
+        ..Default::default()
+    };
+    rt.block_on(async {
+        ServiceTracer::start(
+            cfg,
+            Arc::new(|_: &str, _: u8, _: u8| {
+                Some([0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1])
+            }),
+            Arc::new(|_: u32, _: &str, _: u32| false),
+        )
+    })
+}
+
 fn time_calls(img: &mut QpImage, calls: u64) -> f64 {
     let f: unsafe extern "C" fn(*mut c_void, *mut c_void, c_int) -> c_int =
         black_box(ibv_modify_qp);
@@ -338,13 +368,9 @@ fn uprobe_bench(budget: Duration) {
             json!({"bench": "uprobe_call_overhead", "skipped": why})
         );
     };
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return skip("not root: attaching uprobes needs CAP_BPF + CAP_PERFMON".into());
-    }
-    let exe = match std::fs::read_link("/proc/self/exe") {
+    let exe = match traceable_self() {
         Ok(p) => p,
-        Err(e) => return skip(format!("/proc/self/exe: {e}")),
+        Err(why) => return skip(why),
     };
     let mut img = QpImage::new();
     // Referenced, so the linker keeps the three symbols the tracer attaches to.
@@ -368,23 +394,7 @@ fn uprobe_bench(budget: Duration) {
         .enable_all()
         .build()
         .expect("runtime");
-    let cfg = TracerConfig {
-        mode: TracingMode::Uprobe,
-        discover_libibverbs: false,
-        uprobe_targets: vec![exe.clone()],
-        liveness_interval: Duration::from_millis(200),
-        ..Default::default()
-    };
-    let started = rt.block_on(async {
-        ServiceTracer::start(
-            cfg,
-            Arc::new(|_: &str, _: u8, _: u8| {
-                Some([0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1])
-            }),
-            Arc::new(|_: u32, _: &str, _: u32| false),
-        )
-    });
-    let tracer = match started {
+    let tracer = match start_uprobe_tracer(&rt, exe) {
         Started::Running(t) => t,
         Started::Off(why) => return skip(why),
     };
@@ -576,13 +586,9 @@ fn storm_bench(phase: Duration) {
             json!({"bench": "probing_under_qp_storm", "skipped": why})
         );
     };
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return skip("not root: attaching uprobes needs CAP_BPF + CAP_PERFMON".into());
-    }
-    let exe = match std::fs::read_link("/proc/self/exe") {
+    let exe = match traceable_self() {
         Ok(p) => p,
-        Err(e) => return skip(format!("/proc/self/exe: {e}")),
+        Err(why) => return skip(why),
     };
     // Two workers, as the agent's runtime on this size of machine: drivers and the
     // tracer's reader share them.
@@ -603,23 +609,7 @@ fn storm_bench(phase: Duration) {
     // The storm's CPU alone, untraced: separates contention from the tracer's cost.
     let (untraced, untraced_storm_rate) = with_storm(&|| rt.block_on(probe_phase(phase)));
 
-    let cfg = TracerConfig {
-        mode: TracingMode::Uprobe,
-        discover_libibverbs: false,
-        uprobe_targets: vec![exe],
-        liveness_interval: Duration::from_millis(200),
-        ..Default::default()
-    };
-    let started = rt.block_on(async {
-        ServiceTracer::start(
-            cfg,
-            Arc::new(|_: &str, _: u8, _: u8| {
-                Some([0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1])
-            }),
-            Arc::new(|_: u32, _: &str, _: u32| false),
-        )
-    });
-    let tracer = match started {
+    let tracer = match start_uprobe_tracer(&rt, exe) {
         Started::Running(t) => t,
         Started::Off(why) => return skip(why),
     };
