@@ -97,11 +97,41 @@ fn read_err(what: u8, addr: u64, ev: &mut QpEvent) {
     bump(STAT_READ_ERRORS);
 }
 
-// ---------------------------------------------------------------- user (libibverbs)
+/// The memory a probe reads: the traced process's (uprobes) or the kernel's (kprobes).
+trait Space {
+    unsafe fn read<T>(src: *const T) -> Result<T, i32>;
+    unsafe fn read_buf(src: *const u8, dst: &mut [u8]) -> Result<(), i32>;
+}
 
+struct User;
+struct Kernel;
+
+impl Space for User {
+    #[inline(always)]
+    unsafe fn read<T>(src: *const T) -> Result<T, i32> {
+        unsafe { bpf_probe_read_user(src) }
+    }
+    #[inline(always)]
+    unsafe fn read_buf(src: *const u8, dst: &mut [u8]) -> Result<(), i32> {
+        unsafe { bpf_probe_read_user_buf(src, dst) }
+    }
+}
+
+impl Space for Kernel {
+    #[inline(always)]
+    unsafe fn read<T>(src: *const T) -> Result<T, i32> {
+        unsafe { bpf_probe_read_kernel(src) }
+    }
+    #[inline(always)]
+    unsafe fn read_buf(src: *const u8, dst: &mut [u8]) -> Result<(), i32> {
+        unsafe { bpf_probe_read_kernel_buf(src, dst) }
+    }
+}
+
+/// Field `what` at `addr` in `S`; a failed read flags the event (see `read_err`).
 #[inline(always)]
-fn ur<T>(addr: u64, what: u8, ev: &mut QpEvent) -> Option<T> {
-    match unsafe { bpf_probe_read_user(addr as *const T) } {
+fn rd<S: Space, T>(addr: u64, what: u8, ev: &mut QpEvent) -> Option<T> {
+    match unsafe { S::read(addr as *const T) } {
         Ok(v) => Some(v),
         Err(_) => {
             read_err(what, addr, ev);
@@ -110,25 +140,64 @@ fn ur<T>(addr: u64, what: u8, ev: &mut QpEvent) -> Option<T> {
     }
 }
 
+/// Byte field `what` at `addr` in `S` into the event (`field` picks it; a closure, not a
+/// function pointer: BPF has no indirect calls).
+#[inline(always)]
+fn rd_bytes<S: Space>(
+    addr: u64,
+    what: u8,
+    ev: &mut QpEvent,
+    field: impl FnOnce(&mut QpEvent) -> &mut [u8],
+) {
+    if unsafe { S::read_buf(addr as *const u8, field(ev)) }.is_err() {
+        read_err(what, addr, ev);
+    }
+}
+
+/// Where a GRH's members lie (offsets from the GRH) and their field ids, in user and
+/// kernel structs alike: dgid, flow label, sgid index, hop limit, traffic class.
+struct GrhLayout {
+    at: [u64; 5],
+    what: [u8; 5],
+}
+
+/// Reads the global route header at `grh` (the remote GID and the flow's labels).
+#[inline(always)]
+fn read_grh<S: Space>(grh: u64, l: &GrhLayout, ev: &mut QpEvent) {
+    rd_bytes::<S>(grh + l.at[0], l.what[0], ev, |e| &mut e.dgid);
+    if let Some(f) = rd::<S, u32>(grh + l.at[1], l.what[1], ev) {
+        ev.flow_label = f;
+    }
+    if let Some(v) = rd::<S, u8>(grh + l.at[2], l.what[2], ev) {
+        ev.sgid_index = v;
+    }
+    if let Some(v) = rd::<S, u8>(grh + l.at[3], l.what[3], ev) {
+        ev.hop_limit = v;
+    }
+    if let Some(v) = rd::<S, u8>(grh + l.at[4], l.what[4], ev) {
+        ev.traffic_class = v;
+    }
+}
+
+// ---------------------------------------------------------------- user (libibverbs)
+
 /// Fill qp_num, qp_type, state, context and device name from a user `struct ibv_qp *`.
 #[inline(always)]
 fn user_qp(qp: u64, ev: &mut QpEvent) {
     ev.qp_ptr = qp;
-    if let Some(n) = ur::<u32>(qp + ibv::QP_QP_NUM as u64, field::IBV_QP__QP_NUM, ev) {
+    if let Some(n) = rd::<User, u32>(qp + ibv::QP_QP_NUM as u64, field::IBV_QP__QP_NUM, ev) {
         ev.qp_num = n;
     }
-    if let Some(t) = ur::<u32>(qp + ibv::QP_QP_TYPE as u64, field::IBV_QP__QP_TYPE, ev) {
+    if let Some(t) = rd::<User, u32>(qp + ibv::QP_QP_TYPE as u64, field::IBV_QP__QP_TYPE, ev) {
         ev.qp_type = t as u8;
     }
-    if let Some(ctx) = ur::<u64>(qp + ibv::QP_CONTEXT as u64, field::IBV_QP__CONTEXT, ev) {
+    if let Some(ctx) = rd::<User, u64>(qp + ibv::QP_CONTEXT as u64, field::IBV_QP__CONTEXT, ev) {
         ev.ctx = ctx;
         if ctx != 0 {
-            if let Some(dev) = ur::<u64>(ctx + ibv::CONTEXT_DEVICE as u64, field::IBV_CONTEXT__DEVICE, ev) {
+            if let Some(dev) = rd::<User, u64>(ctx + ibv::CONTEXT_DEVICE as u64, field::IBV_CONTEXT__DEVICE, ev) {
                 if dev != 0 {
-                    let src = (dev + ibv::DEVICE_NAME as u64) as *const u8;
-                    if unsafe { bpf_probe_read_user_buf(src, &mut ev.dev_name) }.is_err() {
-                        read_err(field::IBV_DEVICE__NAME, src as u64, ev);
-                    }
+                    let name = dev + ibv::DEVICE_NAME as u64;
+                    rd_bytes::<User>(name, field::IBV_DEVICE__NAME, ev, |e| &mut e.dev_name);
                 }
             }
         }
@@ -171,55 +240,53 @@ pub fn ibv_modify_qp(ctx: ProbeContext) -> u32 {
     let mut ev = header(KIND_MODIFY, SOURCE_UPROBE);
     ev.attr_mask = mask;
     user_qp(qp, &mut ev);
-    if let Some(s) = ur::<u32>(attr + ibv::ATTR_QP_STATE as u64, field::IBV_QP_ATTR__QP_STATE, &mut ev) {
+    if let Some(s) = rd::<User, u32>(attr + ibv::ATTR_QP_STATE as u64, field::IBV_QP_ATTR__QP_STATE, &mut ev) {
         ev.qp_state = s as u8;
     }
     if mask & QP_ATTR_DEST_QPN != 0 {
-        if let Some(d) = ur::<u32>(attr + ibv::ATTR_DEST_QP_NUM as u64, field::IBV_QP_ATTR__DEST_QP_NUM, &mut ev) {
+        if let Some(d) = rd::<User, u32>(attr + ibv::ATTR_DEST_QP_NUM as u64, field::IBV_QP_ATTR__DEST_QP_NUM, &mut ev) {
             ev.dest_qp_num = d;
         }
     }
     if mask & QP_ATTR_PORT != 0 {
-        if let Some(p) = ur::<u8>(attr + ibv::ATTR_PORT_NUM as u64, field::IBV_QP_ATTR__PORT_NUM, &mut ev) {
+        if let Some(p) = rd::<User, u8>(attr + ibv::ATTR_PORT_NUM as u64, field::IBV_QP_ATTR__PORT_NUM, &mut ev) {
             ev.port = p;
         }
     }
     if mask & QP_ATTR_AV != 0 {
         let ah = attr + ibv::ATTR_AH_ATTR as u64;
-        if let Some(sl) = ur::<u8>(ah + ibv::AH_SL as u64, field::IBV_AH_ATTR__SL, &mut ev) {
+        if let Some(sl) = rd::<User, u8>(ah + ibv::AH_SL as u64, field::IBV_AH_ATTR__SL, &mut ev) {
             ev.sl = sl;
         }
         // The AV's port wins over QP_ATTR_PORT: it is the port the path leaves from.
-        if let Some(p) = ur::<u8>(ah + ibv::AH_PORT_NUM as u64, field::IBV_AH_ATTR__PORT_NUM, &mut ev) {
+        if let Some(p) = rd::<User, u8>(ah + ibv::AH_PORT_NUM as u64, field::IBV_AH_ATTR__PORT_NUM, &mut ev) {
             if p != 0 {
                 ev.port = p;
             }
         }
-        if let Some(g) = ur::<u8>(ah + ibv::AH_IS_GLOBAL as u64, field::IBV_AH_ATTR__IS_GLOBAL, &mut ev) {
+        if let Some(g) = rd::<User, u8>(ah + ibv::AH_IS_GLOBAL as u64, field::IBV_AH_ATTR__IS_GLOBAL, &mut ev) {
             if g != 0 {
                 ev.flags |= FLAG_GRH;
             }
         }
-        let grh = ah + ibv::AH_GRH as u64;
-        if unsafe {
-            bpf_probe_read_user_buf((grh + ibv::GRH_DGID as u64) as *const u8, &mut ev.dgid)
-        }
-        .is_err()
-        {
-            read_err(field::IBV_GLOBAL_ROUTE__DGID, grh + ibv::GRH_DGID as u64, &mut ev);
-        }
-        if let Some(f) = ur::<u32>(grh + ibv::GRH_FLOW_LABEL as u64, field::IBV_GLOBAL_ROUTE__FLOW_LABEL, &mut ev) {
-            ev.flow_label = f;
-        }
-        if let Some(v) = ur::<u8>(grh + ibv::GRH_SGID_INDEX as u64, field::IBV_GLOBAL_ROUTE__SGID_INDEX, &mut ev) {
-            ev.sgid_index = v;
-        }
-        if let Some(v) = ur::<u8>(grh + ibv::GRH_HOP_LIMIT as u64, field::IBV_GLOBAL_ROUTE__HOP_LIMIT, &mut ev) {
-            ev.hop_limit = v;
-        }
-        if let Some(v) = ur::<u8>(grh + ibv::GRH_TRAFFIC_CLASS as u64, field::IBV_GLOBAL_ROUTE__TRAFFIC_CLASS, &mut ev) {
-            ev.traffic_class = v;
-        }
+        let grh = GrhLayout {
+            at: [
+                ibv::GRH_DGID,
+                ibv::GRH_FLOW_LABEL,
+                ibv::GRH_SGID_INDEX,
+                ibv::GRH_HOP_LIMIT,
+                ibv::GRH_TRAFFIC_CLASS,
+            ]
+            .map(|o| o as u64),
+            what: [
+                field::IBV_GLOBAL_ROUTE__DGID,
+                field::IBV_GLOBAL_ROUTE__FLOW_LABEL,
+                field::IBV_GLOBAL_ROUTE__SGID_INDEX,
+                field::IBV_GLOBAL_ROUTE__HOP_LIMIT,
+                field::IBV_GLOBAL_ROUTE__TRAFFIC_CLASS,
+            ],
+        };
+        read_grh::<User>(ah + ibv::AH_GRH as u64, &grh, &mut ev);
     }
     emit(&ev);
     0
@@ -240,39 +307,26 @@ pub fn ibv_destroy_qp(ctx: ProbeContext) -> u32 {
 
 // ---------------------------------------------------------------- kernel (ib_uverbs)
 
-#[inline(always)]
-fn kr<T>(addr: u64, what: u8, ev: &mut QpEvent) -> Option<T> {
-    match unsafe { bpf_probe_read_kernel(addr as *const T) } {
-        Ok(v) => Some(v),
-        Err(_) => {
-            read_err(what, addr, ev);
-            None
-        }
-    }
-}
-
 /// Fill qp_num, qp_type, port, device pointer and name from a kernel `struct ib_qp *`.
 /// Enums and ports are read by their low byte: correct on little-endian whether the
 /// kernel declares them u8 or u32 (ib_qp.port widened in 5.13).
 #[inline(always)]
 fn kernel_qp(qp: u64, ev: &mut QpEvent) {
     ev.qp_ptr = qp;
-    if let Some(n) = kr::<u32>(qp + koff(KOFF_QP_QP_NUM), field::IB_QP__QP_NUM, ev) {
+    if let Some(n) = rd::<Kernel, u32>(qp + koff(KOFF_QP_QP_NUM), field::IB_QP__QP_NUM, ev) {
         ev.qp_num = n;
     }
-    if let Some(t) = kr::<u8>(qp + koff(KOFF_QP_QP_TYPE), field::IB_QP__QP_TYPE, ev) {
+    if let Some(t) = rd::<Kernel, u8>(qp + koff(KOFF_QP_QP_TYPE), field::IB_QP__QP_TYPE, ev) {
         ev.qp_type = t;
     }
-    if let Some(p) = kr::<u8>(qp + koff(KOFF_QP_PORT), field::IB_QP__PORT, ev) {
+    if let Some(p) = rd::<Kernel, u8>(qp + koff(KOFF_QP_PORT), field::IB_QP__PORT, ev) {
         ev.port = p;
     }
-    if let Some(dev) = kr::<u64>(qp + koff(KOFF_QP_DEVICE), field::IB_QP__DEVICE, ev) {
+    if let Some(dev) = rd::<Kernel, u64>(qp + koff(KOFF_QP_DEVICE), field::IB_QP__DEVICE, ev) {
         ev.ctx = dev;
         if dev != 0 {
-            let src = (dev + koff(KOFF_DEVICE_NAME)) as *const u8;
-            if unsafe { bpf_probe_read_kernel_buf(src, &mut ev.dev_name) }.is_err() {
-                read_err(field::IB_DEVICE__NAME, src as u64, ev);
-            }
+            let name = dev + koff(KOFF_DEVICE_NAME);
+            rd_bytes::<Kernel>(name, field::IB_DEVICE__NAME, ev, |e| &mut e.dev_name);
         }
     }
 }
@@ -316,16 +370,16 @@ pub fn ib_modify_qp_with_udata(ctx: ProbeContext) -> u32 {
     let mut ev = header(KIND_MODIFY, SOURCE_KPROBE);
     ev.attr_mask = mask;
     kernel_qp(qp, &mut ev);
-    if let Some(s) = kr::<u8>(attr + koff(KOFF_ATTR_QP_STATE), field::IB_QP_ATTR__QP_STATE, &mut ev) {
+    if let Some(s) = rd::<Kernel, u8>(attr + koff(KOFF_ATTR_QP_STATE), field::IB_QP_ATTR__QP_STATE, &mut ev) {
         ev.qp_state = s;
     }
     if mask & QP_ATTR_DEST_QPN != 0 {
-        if let Some(d) = kr::<u32>(attr + koff(KOFF_ATTR_DEST_QP_NUM), field::IB_QP_ATTR__DEST_QP_NUM, &mut ev) {
+        if let Some(d) = rd::<Kernel, u32>(attr + koff(KOFF_ATTR_DEST_QP_NUM), field::IB_QP_ATTR__DEST_QP_NUM, &mut ev) {
             ev.dest_qp_num = d;
         }
     }
     if mask & QP_ATTR_PORT != 0 {
-        if let Some(p) = kr::<u8>(attr + koff(KOFF_ATTR_PORT_NUM), field::IB_QP_ATTR__PORT_NUM, &mut ev) {
+        if let Some(p) = rd::<Kernel, u8>(attr + koff(KOFF_ATTR_PORT_NUM), field::IB_QP_ATTR__PORT_NUM, &mut ev) {
             ev.port = p;
         }
     }
@@ -341,36 +395,36 @@ pub fn ib_modify_qp_with_udata(ctx: ProbeContext) -> u32 {
 #[inline(always)]
 fn kernel_av(attr: u64, ev: &mut QpEvent) {
     let ah = attr + koff(KOFF_ATTR_AH_ATTR);
-    if let Some(sl) = kr::<u8>(ah + koff(KOFF_AH_SL), field::RDMA_AH_ATTR__SL, ev) {
+    if let Some(sl) = rd::<Kernel, u8>(ah + koff(KOFF_AH_SL), field::RDMA_AH_ATTR__SL, ev) {
         ev.sl = sl;
     }
-    if let Some(p) = kr::<u8>(ah + koff(KOFF_AH_PORT_NUM), field::RDMA_AH_ATTR__PORT_NUM, ev) {
+    if let Some(p) = rd::<Kernel, u8>(ah + koff(KOFF_AH_PORT_NUM), field::RDMA_AH_ATTR__PORT_NUM, ev) {
         if p != 0 {
             ev.port = p;
         }
     }
-    if let Some(f) = kr::<u8>(ah + koff(KOFF_AH_FLAGS), field::RDMA_AH_ATTR__AH_FLAGS, ev) {
+    if let Some(f) = rd::<Kernel, u8>(ah + koff(KOFF_AH_FLAGS), field::RDMA_AH_ATTR__AH_FLAGS, ev) {
         if f & 1 != 0 {
             ev.flags |= FLAG_GRH; // IB_AH_GRH
         }
     }
-    let grh = ah + koff(KOFF_AH_GRH);
-    let src = (grh + koff(KOFF_GRH_DGID)) as *const u8;
-    if unsafe { bpf_probe_read_kernel_buf(src, &mut ev.dgid) }.is_err() {
-        read_err(field::IB_GLOBAL_ROUTE__DGID, src as u64, ev);
-    }
-    if let Some(f) = kr::<u32>(grh + koff(KOFF_GRH_FLOW_LABEL), field::IB_GLOBAL_ROUTE__FLOW_LABEL, ev) {
-        ev.flow_label = f;
-    }
-    if let Some(v) = kr::<u8>(grh + koff(KOFF_GRH_SGID_INDEX), field::IB_GLOBAL_ROUTE__SGID_INDEX, ev) {
-        ev.sgid_index = v;
-    }
-    if let Some(v) = kr::<u8>(grh + koff(KOFF_GRH_HOP_LIMIT), field::IB_GLOBAL_ROUTE__HOP_LIMIT, ev) {
-        ev.hop_limit = v;
-    }
-    if let Some(v) = kr::<u8>(grh + koff(KOFF_GRH_TRAFFIC_CLASS), field::IB_GLOBAL_ROUTE__TRAFFIC_CLASS, ev) {
-        ev.traffic_class = v;
-    }
+    let grh = GrhLayout {
+        at: [
+            koff(KOFF_GRH_DGID),
+            koff(KOFF_GRH_FLOW_LABEL),
+            koff(KOFF_GRH_SGID_INDEX),
+            koff(KOFF_GRH_HOP_LIMIT),
+            koff(KOFF_GRH_TRAFFIC_CLASS),
+        ],
+        what: [
+            field::IB_GLOBAL_ROUTE__DGID,
+            field::IB_GLOBAL_ROUTE__FLOW_LABEL,
+            field::IB_GLOBAL_ROUTE__SGID_INDEX,
+            field::IB_GLOBAL_ROUTE__HOP_LIMIT,
+            field::IB_GLOBAL_ROUTE__TRAFFIC_CLASS,
+        ],
+    };
+    read_grh::<Kernel>(ah + koff(KOFF_AH_GRH), &grh, ev);
 }
 
 /// int ib_query_qp(struct ib_qp *qp, struct ib_qp_attr *attr, int mask, ...): remember
@@ -405,29 +459,27 @@ pub fn ib_query_qp_ret(ctx: RetProbeContext) -> u32 {
         return 0;
     }
     let mut ev = header(KIND_QUERY, SOURCE_KPROBE);
-    let task = match kr::<u64>(qp + koff(KOFF_QP_RES) + koff(KOFF_RES_TASK), field::IB_QP__RES__TASK, &mut ev) {
+    let task = match rd::<Kernel, u64>(qp + koff(KOFF_QP_RES) + koff(KOFF_RES_TASK), field::IB_QP__RES__TASK, &mut ev) {
         Some(t) if t != 0 => t,
         _ => return 0,
     };
-    match kr::<i32>(task + koff(KOFF_TASK_TGID), field::TASK_STRUCT__TGID, &mut ev) {
+    match rd::<Kernel, i32>(task + koff(KOFF_TASK_TGID), field::TASK_STRUCT__TGID, &mut ev) {
         Some(t) if t > 0 => {
             ev.tgid = t as u32;
             ev.pid = t as u32;
         }
         _ => return 0,
     }
-    let comm = (task + koff(KOFF_TASK_COMM)) as *const u8;
-    if unsafe { bpf_probe_read_kernel_buf(comm, &mut ev.comm) }.is_err() {
-        read_err(field::TASK_STRUCT__COMM, comm as u64, &mut ev);
-    }
+    let comm = task + koff(KOFF_TASK_COMM);
+    rd_bytes::<Kernel>(comm, field::TASK_STRUCT__COMM, &mut ev, |e| &mut e.comm);
     ev.cgroup_id = 0; // the querier's cgroup would be wrong; the owner's is not at hand
     kernel_qp(qp, &mut ev);
     // Everything a query returns counts as given: state, remote QPN and path.
     ev.attr_mask = QP_ATTR_STATE | QP_ATTR_DEST_QPN | QP_ATTR_AV;
-    if let Some(s) = kr::<u8>(attr + koff(KOFF_ATTR_QP_STATE), field::IB_QP_ATTR__QP_STATE, &mut ev) {
+    if let Some(s) = rd::<Kernel, u8>(attr + koff(KOFF_ATTR_QP_STATE), field::IB_QP_ATTR__QP_STATE, &mut ev) {
         ev.qp_state = s;
     }
-    if let Some(d) = kr::<u32>(attr + koff(KOFF_ATTR_DEST_QP_NUM), field::IB_QP_ATTR__DEST_QP_NUM, &mut ev) {
+    if let Some(d) = rd::<Kernel, u32>(attr + koff(KOFF_ATTR_DEST_QP_NUM), field::IB_QP_ATTR__DEST_QP_NUM, &mut ev) {
         ev.dest_qp_num = d;
     }
     kernel_av(attr, &mut ev);
@@ -467,10 +519,10 @@ pub fn sched_process_exit(_ctx: RawTracePointContext) -> i32 {
     let mut ev = header(KIND_EXIT, SOURCE_TRACEPOINT);
     if koff(KOFF_EXIT_VALID) != 0 {
         let task = unsafe { aya_ebpf::helpers::generated::bpf_get_current_task() };
-        let Some(signal) = kr::<u64>(task + koff(KOFF_TASK_SIGNAL), field::TASK_STRUCT__SIGNAL, &mut ev) else {
+        let Some(signal) = rd::<Kernel, u64>(task + koff(KOFF_TASK_SIGNAL), field::TASK_STRUCT__SIGNAL, &mut ev) else {
             return 0;
         };
-        match kr::<i32>(signal + koff(KOFF_SIGNAL_LIVE), field::SIGNAL_STRUCT__LIVE, &mut ev) {
+        match rd::<Kernel, i32>(signal + koff(KOFF_SIGNAL_LIVE), field::SIGNAL_STRUCT__LIVE, &mut ev) {
             Some(0) => {}
             _ => return 0, // other threads still run
         }

@@ -203,6 +203,14 @@ fn load_object(
         .map_err(|e| TracerError::Load(one_line(&e)))
 }
 
+/// What a failed load or attach of program `prog` becomes.
+fn program_err(prog: &str) -> impl FnOnce(aya::programs::ProgramError) -> TracerError + '_ {
+    move |e| TracerError::Program {
+        prog: prog.into(),
+        err: one_line(&e),
+    }
+}
+
 fn one_line(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut src = e.source();
@@ -221,25 +229,16 @@ pub fn load_all_programs(object: &[u8]) -> Result<Vec<String>, TracerError> {
     let mut names = Vec::new();
     for &(name, _) in KPROBE_PROGRAMS.iter().chain(&KPROBE_QUERY_PROGRAMS) {
         let p: &mut KProbe = prog_mut(&mut ebpf, name)?;
-        p.load().map_err(|e| TracerError::Program {
-            prog: name.into(),
-            err: one_line(&e),
-        })?;
+        p.load().map_err(program_err(name))?;
         names.push(name.to_string());
     }
     for (name, _, _) in UPROBE_PROGRAMS {
         let p: &mut UProbe = prog_mut(&mut ebpf, name)?;
-        p.load().map_err(|e| TracerError::Program {
-            prog: name.into(),
-            err: one_line(&e),
-        })?;
+        p.load().map_err(program_err(name))?;
         names.push(name.to_string());
     }
     let p: &mut RawTracePoint = prog_mut(&mut ebpf, EXIT_PROGRAM.0)?;
-    p.load().map_err(|e| TracerError::Program {
-        prog: EXIT_PROGRAM.0.into(),
-        err: one_line(&e),
-    })?;
+    p.load().map_err(program_err(EXIT_PROGRAM.0))?;
     names.push(EXIT_PROGRAM.0.to_string());
     Ok(names)
 }
@@ -248,14 +247,9 @@ pub fn load_all_programs(object: &[u8]) -> Result<Vec<String>, TracerError> {
 /// libibverbs uprobes saw are found by polling /proc). Returns whether it runs.
 fn attach_exit(ebpf: &mut Ebpf, att: &mut Vec<String>) -> bool {
     let r = prog_mut::<RawTracePoint>(ebpf, EXIT_PROGRAM.0).and_then(|p| {
-        p.load().map_err(|e| TracerError::Program {
-            prog: EXIT_PROGRAM.0.into(),
-            err: one_line(&e),
-        })?;
-        p.attach(EXIT_PROGRAM.1).map_err(|e| TracerError::Program {
-            prog: EXIT_PROGRAM.0.into(),
-            err: one_line(&e),
-        })
+        p.load().map_err(program_err(EXIT_PROGRAM.0))?;
+        p.attach(EXIT_PROGRAM.1)
+            .map_err(program_err(EXIT_PROGRAM.0))
     });
     match r {
         Ok(_) => {
@@ -280,11 +274,7 @@ where
         prog: name.into(),
         err: "not in the object".into(),
     })?;
-    p.try_into()
-        .map_err(|e: aya::programs::ProgramError| TracerError::Program {
-            prog: name.into(),
-            err: one_line(&e),
-        })
+    p.try_into().map_err(program_err(name))
 }
 
 struct Inner {
@@ -544,14 +534,8 @@ fn attach_kprobes(
     let mut att = Vec::new();
     let mut attach = |ebpf: &mut Ebpf, name: &str, func: &str| -> Result<(), TracerError> {
         let p: &mut KProbe = prog_mut(ebpf, name)?;
-        p.load().map_err(|e| TracerError::Program {
-            prog: name.into(),
-            err: one_line(&e),
-        })?;
-        p.attach(func, 0).map_err(|e| TracerError::Program {
-            prog: name.into(),
-            err: one_line(&e),
-        })?;
+        p.load().map_err(program_err(name))?;
+        p.attach(func, 0).map_err(program_err(name))?;
         att.push(format!("{name} -> {func}"));
         Ok(())
     };
@@ -585,10 +569,7 @@ fn attach_uprobes(object: &[u8], cfg: &TracerConfig) -> Result<(Ebpf, Vec<String
     let mut ebpf = load_object(object, &offs, cfg.ring_bytes)?;
     for (name, _, _) in UPROBE_PROGRAMS {
         let p: &mut UProbe = prog_mut(&mut ebpf, name)?;
-        p.load().map_err(|e| TracerError::Program {
-            prog: name.into(),
-            err: one_line(&e),
-        })?;
+        p.load().map_err(program_err(name))?;
     }
     let mut att = Vec::new();
     let mut skipped = Vec::new();

@@ -24,6 +24,22 @@ use super::completion::WcRecord;
 use super::error::{device_list_null_reason, RdmaError};
 use super::numa::NodeMask;
 
+/// An owner of one verbs object (`$field`, a `NonNull`): `Send + Sync` (see above), and
+/// freed with `$free` when dropped. The SAFETY comment at each use says why nothing uses
+/// the object any more by then (mostly: its users hold an `Arc` of its owner).
+macro_rules! owns_verbs_object {
+    ($owner:ident, $field:ident, $free:ident) => {
+        unsafe impl Send for $owner {}
+        unsafe impl Sync for $owner {}
+
+        impl Drop for $owner {
+            fn drop(&mut self) {
+                unsafe { $free(self.$field.as_ptr()) };
+            }
+        }
+    };
+}
+
 pub mod cm;
 mod context;
 mod cq;

@@ -68,16 +68,9 @@ pub struct EventChannel {
     ch: NonNull<rdma_event_channel>,
 }
 
-// SAFETY: librdmacm channels may be used from any thread; we use each from one at a time.
-unsafe impl Send for EventChannel {}
-unsafe impl Sync for EventChannel {}
-
-impl Drop for EventChannel {
-    fn drop(&mut self) {
-        // SAFETY: every id on the channel holds an Arc of it, so all are destroyed.
-        unsafe { rdma_destroy_event_channel(self.ch.as_ptr()) };
-    }
-}
+// SAFETY: Send + Sync: librdmacm channels may be used from any thread; we use each from one
+// at a time. Drop: every id on the channel holds an Arc of it, so all are destroyed.
+owns_verbs_object!(EventChannel, ch, rdma_destroy_event_channel);
 
 /// One CM event, copied out and acknowledged.
 #[derive(Debug)]

@@ -9,16 +9,9 @@ pub struct CompChannel {
     pub(super) ctx: Arc<Context>,
 }
 
-// SAFETY: see the module doc; only the poller thread reads events from it.
-unsafe impl Send for CompChannel {}
-unsafe impl Sync for CompChannel {}
-
-impl Drop for CompChannel {
-    fn drop(&mut self) {
-        // SAFETY: the CQ bound to it holds an Arc of it, so the CQ is destroyed already.
-        unsafe { ibv_destroy_comp_channel(self.ch.as_ptr()) };
-    }
-}
+// SAFETY: Send + Sync: see the module doc; only the poller thread reads events from it.
+// Drop: the CQ bound to it holds an Arc of it, so the CQ is destroyed already.
+owns_verbs_object!(CompChannel, ch, ibv_destroy_comp_channel);
 
 impl CompChannel {
     /// Creates a channel whose fd is non-blocking (the poller waits with poll(2)).

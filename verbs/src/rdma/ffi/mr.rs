@@ -171,16 +171,9 @@ pub struct GpuMr {
     pub(super) _pd: Arc<Pd>,
 }
 
-// SAFETY: as `Mr`: the MR handle is immutable after registration.
-unsafe impl Send for GpuMr {}
-unsafe impl Sync for GpuMr {}
-
-impl Drop for GpuMr {
-    fn drop(&mut self) {
-        // SAFETY: deregistered once, before `mem` (a field) frees the GPU memory.
-        unsafe { ibv_dereg_mr(self.mr.as_ptr()) };
-    }
-}
+// SAFETY: Send + Sync: as `Mr`: the MR handle is immutable after registration. Drop:
+// deregistered once, before `mem` (a field) frees the GPU memory.
+owns_verbs_object!(GpuMr, mr, ibv_dereg_mr);
 
 impl GpuMr {
     /// Registers `mem` for local and remote write: as a dma-buf when the driver exports

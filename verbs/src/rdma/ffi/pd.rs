@@ -7,16 +7,9 @@ pub struct Pd {
     pub(super) ctx: Arc<Context>,
 }
 
-// SAFETY: see the module doc.
-unsafe impl Send for Pd {}
-unsafe impl Sync for Pd {}
-
-impl Drop for Pd {
-    fn drop(&mut self) {
-        // SAFETY: children (QP, MR, AH) hold an Arc of this PD, so none is left.
-        unsafe { ibv_dealloc_pd(self.pd.as_ptr()) };
-    }
-}
+// SAFETY: Send + Sync: see the module doc. Drop: children (QP, MR, AH) hold an Arc of this
+// PD, so none is left.
+owns_verbs_object!(Pd, pd, ibv_dealloc_pd);
 
 impl Pd {
     pub fn alloc(ctx: &Arc<Context>) -> Result<Arc<Pd>, RdmaError> {
@@ -36,16 +29,9 @@ pub struct Ah {
     pub(super) _pd: Arc<Pd>,
 }
 
-// SAFETY: see the module doc.
-unsafe impl Send for Ah {}
-unsafe impl Sync for Ah {}
-
-impl Drop for Ah {
-    fn drop(&mut self) {
-        // SAFETY: callers destroy an AH only after its sends completed (see endpoint).
-        unsafe { ibv_destroy_ah(self.ah.as_ptr()) };
-    }
-}
+// SAFETY: Send + Sync: see the module doc. Drop: callers destroy an AH only after its sends
+// completed (see endpoint).
+owns_verbs_object!(Ah, ah, ibv_destroy_ah);
 
 /// Path attributes of an address handle.
 #[derive(Debug, Clone, Copy)]

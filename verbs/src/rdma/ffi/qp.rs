@@ -12,18 +12,47 @@ pub struct Qp {
     pub(super) _pd: Arc<Pd>,
 }
 
-// SAFETY: see the module doc.
-unsafe impl Send for Qp {}
-unsafe impl Sync for Qp {}
-
-impl Drop for Qp {
-    fn drop(&mut self) {
-        // SAFETY: nothing uses the QP once its owner drops it (the poller is joined).
-        unsafe { ibv_destroy_qp(self.qp.as_ptr()) };
-    }
-}
+// SAFETY: Send + Sync: see the module doc. Drop: nothing uses the QP once its owner drops
+// it (the poller is joined).
+owns_verbs_object!(Qp, qp, ibv_destroy_qp);
 
 impl Qp {
+    /// A QP of `qp_type` in RESET on one CQ, with one SGE per work request. A UD QP
+    /// signals every send (each completion frees its buffer); an RC QP signals the ones
+    /// its caller asks for.
+    fn create(
+        pd: &Arc<Pd>,
+        cq: &Arc<Cq>,
+        qp_type: ibv_qp_type::Type,
+        send_wr: u32,
+        recv_wr: u32,
+    ) -> Result<Qp, RdmaError> {
+        let name = pd.ctx.name.clone();
+        // SAFETY: zeroed plain struct, filled below; the call copies it.
+        let mut init: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        init.send_cq = cq.as_cq();
+        init.recv_cq = cq.as_cq();
+        init.qp_type = qp_type;
+        init.sq_sig_all = (qp_type == ibv_qp_type::IBV_QPT_UD) as i32;
+        init.cap.max_send_wr = send_wr;
+        init.cap.max_recv_wr = recv_wr;
+        init.cap.max_send_sge = 1;
+        init.cap.max_recv_sge = 1;
+        // SAFETY: valid PD and CQ (kept alive by the Arcs the QP holds).
+        let p = unsafe { ibv_create_qp(pd.pd.as_ptr(), &mut init) };
+        let qp = NonNull::new(p)
+            .ok_or_else(|| verbs_err(&name, "ibv_create_qp", io::Error::last_os_error()))?;
+        // SAFETY: valid QP.
+        let qpn = unsafe { (*qp.as_ptr()).qp_num };
+        Ok(Qp {
+            qp,
+            qpn,
+            name,
+            _cq: cq.clone(),
+            _pd: pd.clone(),
+        })
+    }
+
     pub fn create_ud(
         pd: &Arc<Pd>,
         cq: &Arc<Cq>,
@@ -32,29 +61,7 @@ impl Qp {
         send_wr: u32,
         recv_wr: u32,
     ) -> Result<Qp, RdmaError> {
-        let name = pd.ctx.name.clone();
-        // SAFETY: zeroed plain struct, filled below.
-        let mut init: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
-        init.send_cq = cq.as_cq();
-        init.recv_cq = cq.as_cq();
-        init.qp_type = ibv_qp_type::IBV_QPT_UD;
-        init.sq_sig_all = 1;
-        init.cap.max_send_wr = send_wr;
-        init.cap.max_recv_wr = recv_wr;
-        init.cap.max_send_sge = 1;
-        init.cap.max_recv_sge = 1;
-        let p = unsafe { ibv_create_qp(pd.pd.as_ptr(), &mut init) };
-        let qp = NonNull::new(p)
-            .ok_or_else(|| verbs_err(&name, "ibv_create_qp", io::Error::last_os_error()))?;
-        // SAFETY: valid QP.
-        let qpn = unsafe { (*qp.as_ptr()).qp_num };
-        let me = Qp {
-            qp,
-            qpn,
-            name,
-            _cq: cq.clone(),
-            _pd: pd.clone(),
-        };
+        let me = Self::create(pd, cq, ibv_qp_type::IBV_QPT_UD, send_wr, recv_wr)?;
         me.bring_up_ud(port, qkey)?;
         Ok(me)
     }
@@ -104,30 +111,7 @@ impl Qp {
     /// receive slot: an RDMA WRITE without immediate consumes no receive). Bring it up
     /// with `modify_to_init_rc`, `modify_to_rtr_rc` and `modify_to_rts_rc`.
     pub fn create_rc(pd: &Arc<Pd>, cq: &Arc<Cq>, send_wr: u32) -> Result<Qp, RdmaError> {
-        let name = pd.ctx.name.clone();
-        // SAFETY: zeroed plain struct, filled below; the call copies it.
-        let mut init: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
-        init.send_cq = cq.as_cq();
-        init.recv_cq = cq.as_cq();
-        init.qp_type = ibv_qp_type::IBV_QPT_RC;
-        init.sq_sig_all = 0;
-        init.cap.max_send_wr = send_wr.max(1);
-        init.cap.max_recv_wr = 1;
-        init.cap.max_send_sge = 1;
-        init.cap.max_recv_sge = 1;
-        // SAFETY: valid PD and CQ (kept alive by the Arcs the QP holds).
-        let p = unsafe { ibv_create_qp(pd.pd.as_ptr(), &mut init) };
-        let qp = NonNull::new(p)
-            .ok_or_else(|| verbs_err(&name, "ibv_create_qp", io::Error::last_os_error()))?;
-        // SAFETY: valid QP.
-        let qpn = unsafe { (*qp.as_ptr()).qp_num };
-        Ok(Qp {
-            qp,
-            qpn,
-            name,
-            _cq: cq.clone(),
-            _pd: pd.clone(),
-        })
+        Self::create(pd, cq, ibv_qp_type::IBV_QPT_RC, send_wr.max(1), 1)
     }
 
     /// RC RESET -> INIT on `port`, accepting remote writes (and local writes).
