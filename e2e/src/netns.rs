@@ -9,6 +9,11 @@ pub fn run(args: &[&str]) -> Result<String> {
         .args(&args[1..])
         .output()
         .with_context(|| format!("running {}", args.join(" ")))?;
+    succeeded(args, out)
+}
+
+/// A finished command's stdout; an error carries the command and its stderr.
+fn succeeded(args: &[&str], out: std::process::Output) -> Result<String> {
     if !out.status.success() {
         bail!(
             "`{}` failed ({}): {}",
@@ -35,16 +40,7 @@ pub fn run_stdin(args: &[&str], input: &str) -> Result<()> {
         .take()
         .expect("piped stdin")
         .write_all(input.as_bytes())?;
-    let out = child.wait_with_output()?;
-    if !out.status.success() {
-        bail!(
-            "`{}` failed ({}): {}",
-            args.join(" "),
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(())
+    succeeded(args, child.wait_with_output()?).map(drop)
 }
 
 fn pid_alive(pid: u32) -> bool {

@@ -220,9 +220,7 @@ async fn drains_and_silences_hold_across_a_restart_and_end() {
     dead_host_windows(&mut c).await;
     let x_finding = wait_for(Duration::from_secs(15), Duration::from_millis(200), || {
         let ep = c1.endpoint();
-        async move {
-            findings(&ep).await.into_iter().find(|f| f.open)
-        }
+        async move { findings(&ep).await.into_iter().find(|f| f.open) }
     })
     .await
     .unwrap_or_else(|| {

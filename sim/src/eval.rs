@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 
 use crate::fabric::FabricSpec;
 use crate::output::FindingRecord;
-use crate::rng::Rng;
+use crate::rng::{below, uniform, Rng};
 use crate::scenario::background::Background;
 use crate::scenario::{ground_truth, Direction, Fault, FaultKind, Scenario};
 
@@ -57,14 +57,6 @@ pub fn suite_fabric(i: usize) -> FabricSpec {
         link_latency_us: 2.0,
         link_jitter_us: 0.3,
     }
-}
-
-fn uniform(rng: &mut Rng, lo: f64, hi: f64) -> f64 {
-    lo + (hi - lo) * rng.unit()
-}
-
-fn below(rng: &mut Rng, n: u32) -> u32 {
-    (rng.next_u64() % n.max(1) as u64) as u32
 }
 
 /// A fault of kind `kind_index` (into [`BLACK_KINDS`]) on ToR `tor` (1-based) of `f`.
@@ -116,12 +108,7 @@ fn random_fault(
             format!("tor{tor}-spine{s}"),
         ),
     };
-    Fault {
-        kind,
-        location,
-        start_sec: start,
-        end_sec: start + len,
-    }
+    Fault::lasting(kind, location, start, len)
 }
 
 /// Suite scenario `i` of a suite seeded `seed`: every [`FAULT_FREE_EVERY`]-th is
@@ -249,6 +236,23 @@ pub struct KindReport {
 }
 
 impl KindReport {
+    fn add_fault(&mut self, f: &FaultScore) {
+        self.faults += 1;
+        self.detected += f.detected as u32;
+        self.kind_overlapped += f.kind_overlapped as u32;
+        if let Some(w) = f.detection_windows {
+            self.detection_windows.push(w);
+        }
+    }
+
+    fn add_finding(&mut self, truth: bool) {
+        if truth {
+            self.true_findings += 1;
+        } else {
+            self.false_findings += 1;
+        }
+    }
+
     pub fn recall(&self) -> f64 {
         ratio(self.detected, self.faults)
     }
@@ -304,13 +308,7 @@ pub fn report_by_magnitude(
             .collect();
         for f in s.faults.iter().filter(|f| f.length_windows >= min_windows) {
             for bucket in ["all".to_string(), f.magnitude.clone()] {
-                let r = out.entry((f.kind, bucket)).or_default();
-                r.faults += 1;
-                r.detected += f.detected as u32;
-                r.kind_overlapped += f.kind_overlapped as u32;
-                if let Some(w) = f.detection_windows {
-                    r.detection_windows.push(w);
-                }
+                out.entry((f.kind, bucket)).or_default().add_fault(f);
             }
         }
         for &(kind, truth) in &s.findings {
@@ -318,12 +316,9 @@ pub fn report_by_magnitude(
             if truth && short.contains(&kind) {
                 continue;
             }
-            let r = out.entry((kind, "all".to_string())).or_default();
-            if truth {
-                r.true_findings += 1;
-            } else {
-                r.false_findings += 1;
-            }
+            out.entry((kind, "all".to_string()))
+                .or_default()
+                .add_finding(truth);
         }
     }
     out
@@ -338,21 +333,10 @@ pub fn report(
         kinds.iter().map(|k| (*k, KindReport::default())).collect();
     for s in scores {
         for f in &s.faults {
-            let r = out.entry(f.kind).or_default();
-            r.faults += 1;
-            r.detected += f.detected as u32;
-            r.kind_overlapped += f.kind_overlapped as u32;
-            if let Some(w) = f.detection_windows {
-                r.detection_windows.push(w);
-            }
+            out.entry(f.kind).or_default().add_fault(f);
         }
         for &(kind, truth) in &s.findings {
-            let r = out.entry(kind).or_default();
-            if truth {
-                r.true_findings += 1;
-            } else {
-                r.false_findings += 1;
-            }
+            out.entry(kind).or_default().add_finding(truth);
         }
     }
     out

@@ -5,7 +5,7 @@
 //! of [`Background::realistic`]. Seeded; each (kind, magnitude) gets its share.
 
 use crate::fabric::FabricSpec;
-use crate::rng::Rng;
+use crate::rng::{below, uniform, Rng};
 use crate::scenario::background::Background;
 use crate::scenario::{Direction, Fault, FaultKind, Scenario};
 
@@ -61,14 +61,6 @@ pub fn gray_fabric(i: usize) -> FabricSpec {
     }
 }
 
-fn uniform(rng: &mut Rng, lo: f64, hi: f64) -> f64 {
-    lo + (hi - lo) * rng.unit()
-}
-
-fn below(rng: &mut Rng, n: u32) -> u32 {
-    (rng.next_u64() % n.max(1) as u64) as u32
-}
-
 /// Fault `n` of the suite (kind and magnitude cycle with `n`) on ToR `tor` (1-based).
 fn gray_fault(rng: &mut Rng, n: usize, tor: u32, f: &FabricSpec, start: f64, len: f64) -> Fault {
     let kind = n % GRAY_KINDS.len();
@@ -117,12 +109,7 @@ fn gray_fault(rng: &mut Rng, n: usize, tor: u32, f: &FabricSpec, start: f64, len
             format!("h{group}-{h}/r{r}"),
         ),
     };
-    Fault {
-        kind,
-        location,
-        start_sec: start,
-        end_sec: start + len,
-    }
+    Fault::lasting(kind, location, start, len)
 }
 
 /// Scenario `i` of the gray suite seeded `seed`. Of every 8: one fault-free; three with

@@ -63,6 +63,17 @@ pub fn threshold(p: f64) -> u64 {
     }
 }
 
+/// Uniform in [lo, hi): the suites' draws of fault times and magnitudes.
+pub fn uniform(rng: &mut Rng, lo: f64, hi: f64) -> f64 {
+    lo + (hi - lo) * rng.unit()
+}
+
+/// In [0, n) by remainder (n = 0 counts as 1): the suites' draws of places, kept as they
+/// were so that a suite seed still names the same scenarios.
+pub fn below(rng: &mut Rng, n: u32) -> u32 {
+    (rng.next_u64() % n.max(1) as u64) as u32
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -163,6 +163,18 @@ pub struct Fault {
     pub end_sec: f64,
 }
 
+impl Fault {
+    /// `kind` at `location` from `start_sec` on, for `len_sec`.
+    pub fn lasting(kind: FaultKind, location: String, start_sec: f64, len_sec: f64) -> Self {
+        Fault {
+            kind,
+            location,
+            start_sec,
+            end_sec: start_sec + len_sec,
+        }
+    }
+}
+
 /// What the controller is expected to report for a fault.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct GroundTruth {

@@ -1,28 +1,18 @@
-//! `cargo xtask sim --scenario FILE --findings-out FILE [--quiet]`: builds the fabric
-//! simulator in release and runs it (`cargo run --release -p rpingmesh-sim -- ...`).
-//! The simulator's exit code is passed on (2: a bad scenario).
+//! `cargo xtask sim ARGS...`: builds the fabric simulator in release and runs it with
+//! ARGS (`rpingmesh-sim --help`: `--scenario FILE [--findings-out FILE] [--quiet]
+//! [--live MS]`), from the directory xtask was started in so relative paths mean what
+//! they say. The simulator's exit code is passed on (2: a bad scenario).
 
-use std::path::{Path, PathBuf};
+use std::ffi::OsString;
 
 use anyhow::{Context, Result};
 use clap::Args;
 
 #[derive(Args)]
 pub struct SimArgs {
-    /// Scenario file (YAML; see sim/README.md and sim/scenarios/).
-    #[arg(long)]
-    scenario: PathBuf,
-    /// Where to write the findings, one JSON object per line.
-    #[arg(long)]
-    findings_out: Option<PathBuf>,
-    /// Print nothing but errors.
-    #[arg(long)]
-    quiet: bool,
-}
-
-/// Paths are taken from where xtask was started; cargo runs in the workspace root.
-fn absolute(p: &Path) -> Result<PathBuf> {
-    std::path::absolute(p).with_context(|| format!("path {}", p.display()))
+    /// The simulator's arguments, as `rpingmesh-sim` takes them.
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
+    args: Vec<OsString>,
 }
 
 /// `cargo run --release` of the simulator binary; its own arguments follow.
@@ -43,13 +33,8 @@ pub fn sim_command() -> std::process::Command {
 
 pub fn run(a: SimArgs) -> Result<()> {
     let mut cmd = sim_command();
-    cmd.arg("--scenario").arg(absolute(&a.scenario)?);
-    if let Some(out) = &a.findings_out {
-        cmd.arg("--findings-out").arg(absolute(out)?);
-    }
-    if a.quiet {
-        cmd.arg("--quiet");
-    }
+    cmd.args(&a.args)
+        .current_dir(std::env::current_dir().context("the current directory")?);
     let status = cmd
         .status()
         .context("starting cargo run --release -p rpingmesh-sim")?;

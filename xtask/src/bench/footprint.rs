@@ -155,7 +155,15 @@ pub(super) fn footprint_run() -> Result<Footprint> {
         .enable_all()
         .build()?;
     let res = (|| -> Result<Footprint> {
-        rt.block_on(wait_rnics(addr, TARGETS, Duration::from_secs(30), &mut all))?;
+        let mut op = rt.block_on(procs::operator(addr))?;
+        rt.block_on(wait_count(
+            TARGETS,
+            Duration::from_secs(30),
+            Duration::from_millis(300),
+            &mut all,
+            "responder RNICs registered",
+            async || registered_rnics(&mut op).await,
+        ))?;
         let measured_args = [
             "--agent-id",
             "measured",
@@ -191,11 +199,13 @@ pub(super) fn footprint_run() -> Result<Footprint> {
         )?);
         let pid = all[2].pid();
         // Warm-up: until the measured agent reports successful paths to every target.
-        rt.block_on(wait_targets(
-            addr,
+        rt.block_on(wait_count(
             TARGETS,
             Duration::from_secs(45),
+            Duration::from_millis(500),
             &mut all,
+            "targets reached by the measured agent",
+            async || reached_targets(&mut op).await,
         ))?;
         std::thread::sleep(Duration::from_secs(2));
         // Start-up over: the agent releases start-up's pages after its first 10 s, and
@@ -257,65 +267,59 @@ pub(super) fn check_alive(all: &mut [Proc]) -> Result<()> {
     Ok(())
 }
 
-pub(super) async fn wait_rnics(
-    addr: SocketAddr,
+/// Polls `count` every `period` until it reaches `n`; fails when one of `all` exits or at
+/// `timeout` (`what` names the count in the error).
+async fn wait_count(
     n: usize,
     timeout: Duration,
+    period: Duration,
     all: &mut [Proc],
+    what: &str,
+    mut count: impl AsyncFnMut() -> usize,
 ) -> Result<()> {
-    let mut op = procs::operator(addr).await?;
     let deadline = Instant::now() + timeout;
     loop {
         check_alive(all)?;
-        let got = op
-            .list_rnics(ListRnicsRequest::default())
-            .await
-            .map(|r| r.into_inner().rnics.len())
-            .unwrap_or(0);
+        let got = count().await;
         if got >= n {
             return Ok(());
         }
         if Instant::now() >= deadline {
-            bail!("only {got} of {n} responder RNICs registered within {timeout:?}");
+            bail!("only {got} of {n} {what} within {timeout:?}");
         }
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        tokio::time::sleep(period).await;
     }
+}
+
+type Operator = rpingmesh_proto::operator::operator_service_client::OperatorServiceClient<
+    tonic::transport::Channel,
+>;
+
+/// RNICs the controller has registered (0 while it does not answer).
+async fn registered_rnics(op: &mut Operator) -> usize {
+    op.list_rnics(ListRnicsRequest::default())
+        .await
+        .map(|r| r.into_inner().rnics.len())
+        .unwrap_or(0)
 }
 
 pub(super) const MEASURED_GID: &str = "0000:0000:0000:0000:0000:ffff:7f00:0301"; // 127.0.3.1
 
-pub(super) async fn wait_targets(
-    addr: SocketAddr,
-    n: usize,
-    timeout: Duration,
-    all: &mut [Proc],
-) -> Result<()> {
-    let mut op = procs::operator(addr).await?;
-    let deadline = Instant::now() + timeout;
-    loop {
-        check_alive(all)?;
-        let got = op
-            .list_paths(ListPathsRequest {
-                source_gid: MEASURED_GID.into(),
-                ..Default::default()
-            })
-            .await
-            .map(|r| {
-                r.into_inner()
-                    .paths
-                    .iter()
-                    .filter(|p| p.probe_success > 0)
-                    .count()
-            })
-            .unwrap_or(0);
-        if got >= n {
-            return Ok(());
-        }
-        if Instant::now() >= deadline {
-            bail!("the measured agent reached only {got} of {n} targets within {timeout:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+/// Targets the measured agent has reached (0 while the controller does not answer).
+async fn reached_targets(op: &mut Operator) -> usize {
+    op.list_paths(ListPathsRequest {
+        source_gid: MEASURED_GID.into(),
+        ..Default::default()
+    })
+    .await
+    .map(|r| {
+        r.into_inner()
+            .paths
+            .iter()
+            .filter(|p| p.probe_success > 0)
+            .count()
+    })
+    .unwrap_or(0)
 }
 
 /// Achieved probe rate (all targets) and number of targets probed, from the windows that

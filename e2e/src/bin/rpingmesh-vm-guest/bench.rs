@@ -191,15 +191,7 @@ pub(crate) async fn bench_rc_ring_cpu(dir: &Path, g: [u32; 2]) -> Result<Value> 
             wait_rings_up(agents.iter()).await?;
         }
         tokio::time::sleep(Duration::from_secs(5)).await;
-        let cpu0: Vec<f64> = agents.iter().map(|a| cpu_seconds(a.pid())).collect();
-        let w0 = Instant::now();
-        tokio::time::sleep(Duration::from_secs(RC_CPU_SECS)).await;
-        let secs = w0.elapsed().as_secs_f64();
-        let cpu: Vec<f64> = agents
-            .iter()
-            .zip(&cpu0)
-            .map(|(a, c0)| 100.0 * (cpu_seconds(a.pid()) - c0) / secs)
-            .collect();
+        let (cpu, secs) = cpu_pct_over(&agents, Duration::from_secs(RC_CPU_SECS)).await;
         let windows = rc_ring_windows(&ctl.endpoint()).await;
         Proc::stop_all(&mut agents);
         runs.push(json!({
@@ -212,6 +204,21 @@ pub(crate) async fn bench_rc_ring_cpu(dir: &Path, g: [u32; 2]) -> Result<Value> 
         }));
     }
     Ok(json!(runs))
+}
+
+/// Each of `agents`' CPU, % of one core, over the next `span` (slept through), and the
+/// seconds that really passed.
+async fn cpu_pct_over(agents: &[Proc], span: Duration) -> (Vec<f64>, f64) {
+    let cpu0: Vec<f64> = agents.iter().map(|a| cpu_seconds(a.pid())).collect();
+    let w0 = Instant::now();
+    tokio::time::sleep(span).await;
+    let secs = w0.elapsed().as_secs_f64();
+    let cpu = agents
+        .iter()
+        .zip(&cpu0)
+        .map(|(a, c0)| 100.0 * (cpu_seconds(a.pid()) - c0) / secs)
+        .collect();
+    (cpu, secs)
 }
 
 /// Only the RC ring rounds of `bench_rdma` (`--only bench_rc_ring`): for working on them.
@@ -231,50 +238,16 @@ pub(crate) fn bench_rc_ring(dir: &Path) -> Result<Value> {
 /// (32-byte messages) against `ib_write_lat` (which reports half a round trip), and
 /// pipelined one-way messages per second through a 64 KiB ring against `ib_write_bw`.
 pub(crate) fn rc_ring_bench_round(dir: &Path, g: [u32; 2], round: u32) -> Value {
-    let (server_ip, client_ip) = (SVC_IPS[1], SVC_IPS[0]);
+    let server_ip = SVC_IPS[1];
     let ring = |what: &str, port: u16, sink: bool, scenario: &[&str]| -> Result<Value> {
-        let mut sargs: Vec<String> = [
-            "serve",
-            "--bind",
-            &format!("{server_ip}:{port}"),
-            "--timeout-sec",
-            "300",
-        ]
-        .map(String::from)
-        .to_vec();
-        if sink {
-            sargs.push("--sink".into());
-        } else {
-            // Like ib_write_lat's, the echoing side spins rather than sleeps.
-            sargs.push("--busy-poll".into());
-        }
-        let mut server = Proc::spawn(
-            dir,
-            &format!("ring-{what}-serve-{round}"),
-            None,
-            &bin("rpingmesh-rc-ring"),
-            &sargs,
-        )?;
-        wait_cm_listening(port, Duration::from_secs(20))?;
-        let mut cargs: Vec<String> = [
-            "run",
-            "--dst",
-            &format!("{server_ip}:{port}"),
-            "--src",
-            &client_ip.to_string(),
-            "--timeout-sec",
-            "300",
-        ]
-        .map(String::from)
-        .to_vec();
+        let timeout = ["--timeout-sec".to_string(), "300".into()];
+        let mut sargs = timeout.to_vec();
+        // Like ib_write_lat's, the echoing side spins rather than sleeps.
+        sargs.push(if sink { "--sink" } else { "--busy-poll" }.into());
+        let mut cargs = timeout.to_vec();
         cargs.extend(scenario.iter().map(|s| s.to_string()));
-        let mut client = Proc::spawn(
-            dir,
-            &format!("ring-{what}-run-{round}"),
-            None,
-            &bin("rpingmesh-rc-ring"),
-            &cargs,
-        )?;
+        let name = format!("ring-{what}-{round}");
+        let (mut server, mut client) = rc_ring_pair(dir, &name, port, &sargs, &cargs)?;
         client
             .wait_exit(Duration::from_secs(320))
             .context("ring client did not finish")?;
@@ -422,15 +395,8 @@ pub(crate) async fn bench_load(dir: &Path, g: [u32; 2]) -> Result<Value> {
                 // One refresh puts it on the list; one window passes.
                 tokio::time::sleep(Duration::from_secs(5)).await;
             }
-            let cpu0: Vec<f64> = agents.iter().map(|a| cpu_seconds(a.pid())).collect();
-            let (t0, w0) = (unix_ns_now(), Instant::now());
-            tokio::time::sleep(Duration::from_secs(LOAD_SECS)).await;
-            let secs = w0.elapsed().as_secs_f64();
-            let cpu: Vec<f64> = agents
-                .iter()
-                .zip(&cpu0)
-                .map(|(a, c0)| 100.0 * (cpu_seconds(a.pid()) - c0) / secs)
-                .collect();
+            let t0 = unix_ns_now();
+            let (cpu, _) = cpu_pct_over(&agents, Duration::from_secs(LOAD_SECS)).await;
             phases.push(json!({
                 "phase": phase, "from_unix_ns": t0, "to_unix_ns": unix_ns_now(),
                 "prober_cpu_pct": cpu[0], "responder_cpu_pct": cpu[1],

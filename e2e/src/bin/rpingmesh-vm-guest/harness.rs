@@ -233,6 +233,29 @@ pub(crate) fn wait_cm_listening(port: u16, timeout: Duration) -> Result<()> {
     }
 }
 
+/// An rpingmesh-rc-ring server bound to `SVC_IPS[1]:port` and, once it listens, its client
+/// from `SVC_IPS[0]`; each takes its own further arguments (`serve` ..., `run` ...).
+pub(crate) fn rc_ring_pair(
+    dir: &Path,
+    name: &str,
+    port: u16,
+    server_extra: &[String],
+    client_extra: &[String],
+) -> Result<(Proc, Proc)> {
+    let (server_ip, client_ip) = (rpingmesh_e2e::vm::SVC_IPS[1], rpingmesh_e2e::vm::SVC_IPS[0]);
+    let dst = format!("{server_ip}:{port}");
+    let mut server_args: Vec<String> = vec!["serve".into(), "--bind".into(), dst.clone()];
+    server_args.extend_from_slice(server_extra);
+    let ring = bin("rpingmesh-rc-ring");
+    let server = Proc::spawn(dir, &format!("{name}-serve"), None, &ring, &server_args)?;
+    wait_cm_listening(port, Duration::from_secs(20))?;
+    let src = client_ip.to_string();
+    let mut client_args: Vec<String> = vec!["run".into(), "--dst".into(), dst, "--src".into(), src];
+    client_args.extend_from_slice(client_extra);
+    let client = Proc::spawn(dir, &format!("{name}-run"), None, &ring, &client_args)?;
+    Ok((server, client))
+}
+
 /// Waits until something listens on TCP `port` (the verbs example programs exchange
 /// their QP numbers over TCP; a client started before the server listens gives up).
 pub(crate) fn wait_listening(port: u16, timeout: Duration) -> Result<()> {

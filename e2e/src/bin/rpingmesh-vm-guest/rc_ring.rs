@@ -19,56 +19,21 @@ use crate::service_tracing::rc_ring_windows;
 /// per scenario (see `RC_RING_RUNS`). Afterwards, no QP of theirs may be left.
 pub(crate) async fn rc_ring(dir: &Path) -> Result<Value> {
     svc_network()?;
-    let (server_ip, client_ip) = (SVC_IPS[1], SVC_IPS[0]);
     let mut v = json!({});
     for (i, run) in RC_RING_RUNS.iter().enumerate() {
         let port = 7600 + i as u16;
         let started = Instant::now();
-        let mut server_args: Vec<String> = [
-            "serve",
-            "--bind",
-            &format!("{server_ip}:{port}"),
-            "--budget",
-            &run.budget.to_string(),
-            "--connections",
-            &run.connections.to_string(),
-            "--timeout-sec",
-            "600",
-        ]
-        .map(String::from)
-        .to_vec();
+        let budget = ["--budget".to_string(), run.budget.to_string()];
+        let timeout = ["--timeout-sec".to_string(), "600".into()];
+        let mut server_args = [&budget[..], &timeout[..]].concat();
+        server_args.extend(["--connections".into(), run.connections.to_string()]);
         if run.sink {
             server_args.push("--sink".into());
         }
-        let mut server = Proc::spawn(
-            dir,
-            &format!("rc-ring-serve-{}", run.name),
-            None,
-            &bin("rpingmesh-rc-ring"),
-            &server_args,
-        )?;
-        wait_cm_listening(port, Duration::from_secs(20))?;
-        let mut args: Vec<String> = [
-            "run",
-            "--dst",
-            &format!("{server_ip}:{port}"),
-            "--src",
-            &client_ip.to_string(),
-            "--budget",
-            &run.budget.to_string(),
-            "--timeout-sec",
-            "600",
-        ]
-        .map(String::from)
-        .to_vec();
+        let mut args = [&budget[..], &timeout[..]].concat();
         args.extend(run.scenario.iter().map(|s| s.to_string()));
-        let mut client = Proc::spawn(
-            dir,
-            &format!("rc-ring-run-{}", run.name),
-            None,
-            &bin("rpingmesh-rc-ring"),
-            &args,
-        )?;
+        let name = format!("rc-ring-{}", run.name);
+        let (mut server, mut client) = rc_ring_pair(dir, &name, port, &server_args, &args)?;
         let client_exit = client.wait_exit(Duration::from_secs(900));
         let server_exit = server.wait_exit(Duration::from_secs(30));
         let parse = |p: &Proc, exit: Option<std::process::ExitStatus>| -> Value {
@@ -88,8 +53,8 @@ pub(crate) async fn rc_ring(dir: &Path) -> Result<Value> {
     }
     // A peer that dies (its kernel disconnects it) and one that falls silent (its RoCE
     // frames dropped at the bridge: no disconnect can arrive, only the RC retries end it).
-    v["dead_server"] = rc_ring_dead_server(dir, server_ip, client_ip, false)?;
-    v["silent_server"] = rc_ring_dead_server(dir, server_ip, client_ip, true)?;
+    v["dead_server"] = rc_ring_dead_server(dir, false)?;
+    v["silent_server"] = rc_ring_dead_server(dir, true)?;
     v["qps_left"] = json!(res_qp()
         .as_array()
         .map(|a| a
@@ -104,45 +69,16 @@ pub(crate) async fn rc_ring(dir: &Path) -> Result<Value> {
 /// killed -9, or (`silent`) every RoCE frame to and from it dropped at the bridge. The
 /// client must end with one error line (the CM's disconnect, or a WRITE failed after the
 /// RC retries), not wait out its timeout.
-pub(crate) fn rc_ring_dead_server(
-    dir: &Path,
-    server_ip: std::net::Ipv4Addr,
-    client_ip: std::net::Ipv4Addr,
-    silent: bool,
-) -> Result<Value> {
+pub(crate) fn rc_ring_dead_server(dir: &Path, silent: bool) -> Result<Value> {
     let (port, what) = if silent {
         (7691, "silent")
     } else {
         (7690, "dead")
     };
-    let mut server = Proc::spawn(
-        dir,
-        &format!("rc-ring-serve-{what}"),
-        None,
-        &bin("rpingmesh-rc-ring"),
-        &[
-            "serve",
-            "--bind",
-            &format!("{server_ip}:{port}"),
-            "--timeout-sec",
-            "120",
-        ]
-        .map(String::from),
-    )?;
-    wait_cm_listening(port, Duration::from_secs(20))?;
-    let mut client = Proc::spawn(
-        dir,
-        &format!("rc-ring-run-{what}"),
-        None,
-        &bin("rpingmesh-rc-ring"),
-        &[
-            "run",
-            "--dst",
-            &format!("{server_ip}:{port}"),
-            "--src",
-            &client_ip.to_string(),
-            "--timeout-sec",
-            "120",
+    let timeout = ["--timeout-sec".to_string(), "120".into()];
+    let mut client_args = timeout.to_vec();
+    client_args.extend(
+        [
             // 0.27 s a try, so a silent peer fails a WRITE after about 2 s (the CM's
             // default here is seconds a try).
             "--ack-timeout-exp",
@@ -151,7 +87,9 @@ pub(crate) fn rc_ring_dead_server(
             "100000000",
         ]
         .map(String::from),
-    )?;
+    );
+    let name = format!("rc-ring-{what}");
+    let (mut server, mut client) = rc_ring_pair(dir, &name, port, &timeout, &client_args)?;
     // Messages flowing: the server's QP exists and some seconds passed.
     std::thread::sleep(Duration::from_secs(3));
     let running_before_kill = client.alive();
