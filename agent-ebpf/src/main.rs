@@ -179,6 +179,14 @@ fn read_grh<S: Space>(grh: u64, l: &GrhLayout, ev: &mut QpEvent) {
     }
 }
 
+/// A modify call's (qp, attr, mask), libibverbs' and the kernel's alike; none when a
+/// pointer is null.
+#[inline(always)]
+fn modify_args(ctx: &ProbeContext) -> Option<(u64, u64, u32)> {
+    let (qp, attr, mask) = (ctx.arg::<u64>(0)?, ctx.arg::<u64>(1)?, ctx.arg::<u32>(2)?);
+    (qp != 0 && attr != 0).then_some((qp, attr, mask))
+}
+
 // ---------------------------------------------------------------- user (libibverbs)
 
 /// Fill qp_num, qp_type, state, context and device name from a user `struct ibv_qp *`.
@@ -229,14 +237,9 @@ pub fn ibv_create_qp_ex_ret(ctx: RetProbeContext) -> u32 {
 /// int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int attr_mask)
 #[uprobe]
 pub fn ibv_modify_qp(ctx: ProbeContext) -> u32 {
-    let (Some(qp), Some(attr), Some(mask)) =
-        (ctx.arg::<u64>(0), ctx.arg::<u64>(1), ctx.arg::<u32>(2))
-    else {
+    let Some((qp, attr, mask)) = modify_args(&ctx) else {
         return 0;
     };
-    if qp == 0 || attr == 0 {
-        return 0;
-    }
     let mut ev = header(KIND_MODIFY, SOURCE_UPROBE);
     ev.attr_mask = mask;
     user_qp(qp, &mut ev);
@@ -359,14 +362,9 @@ pub fn ib_modify_qp_with_udata(ctx: ProbeContext) -> u32 {
     if koff(KOFF_VALID) == 0 {
         return 0;
     }
-    let (Some(qp), Some(attr), Some(mask)) =
-        (ctx.arg::<u64>(0), ctx.arg::<u64>(1), ctx.arg::<u32>(2))
-    else {
+    let Some((qp, attr, mask)) = modify_args(&ctx) else {
         return 0;
     };
-    if qp == 0 || attr == 0 {
-        return 0;
-    }
     let mut ev = header(KIND_MODIFY, SOURCE_KPROBE);
     ev.attr_mask = mask;
     kernel_qp(qp, &mut ev);
