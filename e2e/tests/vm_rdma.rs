@@ -691,7 +691,10 @@ fn vm_rdma_dead_peer_is_counted_lost_and_stalls_no_other_path() {
         .collect();
     assert!(
         live.len() >= 4,
-        "too few live windows before the port fault"
+        "too few live windows before the port fault at {down:.1} s: {:?}",
+        live.iter()
+            .map(|w| format!("{:.1}s {}->{}", w.start_s, w.src, w.dst))
+            .collect::<Vec<_>>()
     );
     for w in &live {
         assert_eq!(

@@ -127,7 +127,22 @@ pub(crate) async fn rdma_faults(dir: &Path) -> Result<Value> {
             "vfx",
         ])?;
     }
-    let ctl = guest_controller(dir, "controller")?;
+    // The host test reads every window of the run from the list taken at its end: the
+    // controller keeps them all (the default 20 windows of 2 s had dropped the first ones
+    // of a path by the time a slow guest finished, and with them the live windows before
+    // the port fault the test counts).
+    let ctl = spawn_controller(
+        dir,
+        "controller",
+        None,
+        "127.0.0.1:0",
+        &[
+            "--metrics-enabled",
+            "false",
+            "--analyzer-window-retention",
+            "1000",
+        ],
+    )?;
     let ghost = register_ghost(ctl.endpoint());
     let common = [
         ("--service-tracing-mode", "off".to_string()),
