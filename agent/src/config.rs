@@ -260,16 +260,7 @@ impl AgentConfig {
     pub fn load_from(cli: &CliArgs, env: &[(String, String)]) -> Result<Self, ConfigError> {
         let mut fig = Figment::from(Serialized::defaults(AgentConfig::default()));
         // Without --config, agent.yaml in ., $HOME/.rpingmesh, /etc/rpingmesh (as Go).
-        let home = env
-            .iter()
-            .find(|(k, _)| k == "HOME")
-            .map(|(_, v)| v.as_str());
-        let file = cli.config.clone().or_else(|| {
-            rpingmesh_proto::host::find_config(
-                "agent.yaml",
-                &rpingmesh_proto::host::config_search_path(home),
-            )
-        });
+        let file = rpingmesh_proto::host::chosen_config(cli.config.as_deref(), "agent.yaml", env);
         if let Some(path) = &file {
             if !path.is_file() {
                 return Err(err(format!(

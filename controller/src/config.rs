@@ -211,16 +211,8 @@ impl ControllerConfig {
         let mut fig = Figment::from(figment::providers::Serialized::defaults(Self::default()));
         let env: Vec<(String, String)> = env.into_iter().collect();
         // Without --config, controller.yaml in ., $HOME/.rpingmesh, /etc/rpingmesh (as Go).
-        let home = env
-            .iter()
-            .find(|(k, _)| k == "HOME")
-            .map(|(_, v)| v.as_str());
-        let file = cli.config.clone().or_else(|| {
-            rpingmesh_proto::host::find_config(
-                "controller.yaml",
-                &rpingmesh_proto::host::config_search_path(home),
-            )
-        });
+        let file =
+            rpingmesh_proto::host::chosen_config(cli.config.as_deref(), "controller.yaml", &env);
         if let Some(path) = &file {
             fig = fig.merge(yaml_file(path)?);
         }

@@ -40,6 +40,22 @@ pub fn find_config(file: &str, dirs: &[std::path::PathBuf]) -> Option<std::path:
     dirs.iter().map(|d| d.join(file)).find(|p| p.is_file())
 }
 
+/// The config file a binary reads: `--config` when given, else the first `file` on the
+/// search path of the `HOME` in `env`.
+pub fn chosen_config(
+    flag: Option<&std::path::Path>,
+    file: &str,
+    env: &[(String, String)],
+) -> Option<std::path::PathBuf> {
+    flag.map(std::path::Path::to_path_buf).or_else(|| {
+        let home = env
+            .iter()
+            .find(|(k, _)| k == "HOME")
+            .map(|(_, v)| v.as_str());
+        find_config(file, &config_search_path(home))
+    })
+}
+
 #[cfg(test)]
 mod search_tests {
     use super::*;

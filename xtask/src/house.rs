@@ -13,6 +13,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
+mod repeats;
+
 /// The most lines a source file may have, its inline tests included.
 pub const MAX_LINES: usize = 800;
 
@@ -27,6 +29,9 @@ pub fn problems(root: &Path) -> Result<Vec<String>> {
                 rel(root, &f)
             ));
         }
+    }
+    for copy in repeats::copies(&repeats::workspace_sources(root)?) {
+        out.push(format!("copied code: {copy}: say it once"));
     }
     for krate in crate_roots(root)? {
         for c in module_cycles(&krate)? {
@@ -212,7 +217,7 @@ fn without_tests(code: &str) -> String {
 }
 
 /// Comments removed; string and character literals emptied (a path in a string or a
-/// comment is not a dependency).
+/// comment is not a dependency). Line breaks are kept, so line numbers still hold.
 pub fn strip_comments_and_strings(src: &str) -> String {
     let b = src.as_bytes();
     let mut out = String::with_capacity(src.len());
@@ -220,36 +225,36 @@ pub fn strip_comments_and_strings(src: &str) -> String {
     while i < b.len() {
         let c = b[i];
         let prev_ident = i > 0 && (b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'_');
-        if b[i..].starts_with(b"//") {
-            i = src[i..].find('\n').map_or(b.len(), |j| i + j);
+        let skipped_to = if b[i..].starts_with(b"//") {
+            src[i..].find('\n').map_or(b.len(), |j| i + j)
         } else if b[i..].starts_with(b"/*") {
-            i = src[i + 2..].find("*/").map_or(b.len(), |j| i + 2 + j + 2);
+            src[i + 2..].find("*/").map_or(b.len(), |j| i + 2 + j + 2)
         } else if (c == b'r' || c == b'b') && !prev_ident && raw_string_start(&b[i..]).is_some() {
             let (skip, hashes) = raw_string_start(&b[i..]).unwrap_or((0, 0));
             let end = format!("\"{}", "#".repeat(hashes));
-            i = src[i + skip..]
+            out.push_str("\"\"");
+            src[i + skip..]
                 .find(&end)
-                .map_or(b.len(), |j| i + skip + j + end.len());
-            out.push_str("\"\"");
-        } else if c == b'"' {
+                .map_or(b.len(), |j| i + skip + j + end.len())
+        } else if c == b'"' || (c == b'\'' && is_char_literal(&b[i..])) {
             let mut j = i + 1;
-            while j < b.len() && b[j] != b'"' {
+            while j < b.len() && b[j] != c {
                 j += if b[j] == b'\\' { 2 } else { 1 };
             }
-            i = j + 1;
-            out.push_str("\"\"");
-        } else if c == b'\'' && is_char_literal(&b[i..]) {
-            let mut j = i + 1;
-            while j < b.len() && b[j] != b'\'' {
-                j += if b[j] == b'\\' { 2 } else { 1 };
+            if c == b'"' {
+                out.push_str("\"\"");
             }
-            i = j + 1;
+            (j + 1).min(b.len())
         } else {
             // Copy one whole UTF-8 character.
             let len = src[i..].chars().next().map_or(1, char::len_utf8);
             out.push_str(&src[i..i + len]);
             i += len;
-        }
+            continue;
+        };
+        let skipped = &b[i..skipped_to.min(b.len())];
+        out.extend(skipped.iter().filter(|&&x| x == b'\n').map(|_| '\n'));
+        i = skipped_to;
     }
     out
 }

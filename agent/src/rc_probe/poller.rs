@@ -144,7 +144,22 @@ impl RcProber {
         }
         {
             let tx = to_poller.clone();
-            let poller = Poller::new(p.clone(), rnics, opts, tx, sink, metrics);
+            let poller = Poller {
+                windows: RcWindows::new(p.window),
+                p: p.clone(),
+                rnics,
+                opts,
+                tx,
+                sink,
+                metrics,
+                start: Instant::now(),
+                wanted: Vec::new(),
+                out: HashMap::new(),
+                inbound: Vec::new(),
+                connecting: HashMap::new(),
+                backoff: HashMap::new(),
+                bad_messages: 0,
+            };
             threads.push(
                 std::thread::Builder::new()
                     .name("rc-ring-poller".into())
@@ -294,32 +309,6 @@ struct Poller {
 }
 
 impl Poller {
-    fn new(
-        p: RcProbeParams,
-        rnics: Vec<LocalRnic>,
-        opts: RingOpts,
-        tx: Sender<ToPoller>,
-        sink: Option<ReportSink>,
-        metrics: Metrics,
-    ) -> Poller {
-        Poller {
-            windows: RcWindows::new(p.window),
-            p,
-            rnics,
-            opts,
-            tx,
-            sink,
-            metrics,
-            start: Instant::now(),
-            wanted: Vec::new(),
-            out: HashMap::new(),
-            inbound: Vec::new(),
-            connecting: HashMap::new(),
-            backoff: HashMap::new(),
-            bad_messages: 0,
-        }
-    }
-
     fn mono_ns(&self) -> u64 {
         self.start.elapsed().as_nanos() as u64
     }

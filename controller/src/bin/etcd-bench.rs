@@ -16,56 +16,17 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use rpingmesh_controller::registry::{AgentRecord, RnicRecord};
-use rpingmesh_controller::telemetry::AnalyzerMetrics;
-use rpingmesh_controller::{start, ControllerConfig, ServerHandle};
+use rpingmesh_controller::ServerHandle;
 use rpingmesh_proto::controller_agent::controller_service_client::ControllerServiceClient;
-use rpingmesh_proto::controller_agent::{
-    AgentRegistrationRequest, PinglistRequest, PinglistType, RnicInfo,
-};
-use rpingmesh_proto::operator::operator_service_client::OperatorServiceClient;
-use rpingmesh_proto::operator::ListViolationsRequest;
+use rpingmesh_proto::controller_agent::{PinglistRequest, PinglistType};
 use serde_json::json;
+
+#[path = "controller-bench/common.rs"]
+mod common;
+use common::{emit, gid_of, percentile, registration, server, time_pinglists, Scratch};
 
 const RNICS_PER_HOST: u64 = 4;
 const RNICS_PER_TOR: u64 = 10;
-
-fn emit(v: serde_json::Value) {
-    println!("{v}");
-}
-
-fn gid_of(n: u64) -> String {
-    let b = (n as u32).to_be_bytes();
-    format!(
-        "fd00:0000:0000:0000:0000:0000:{:02x}{:02x}:{:02x}{:02x}",
-        b[0], b[1], b[2], b[3]
-    )
-}
-
-fn percentile(sorted: &[u64], q: f64) -> u64 {
-    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
-}
-
-/// A scratch directory of this process, removed on drop.
-struct Scratch(std::path::PathBuf);
-
-impl Scratch {
-    fn new(what: &str) -> Result<Self, String> {
-        let p = std::env::temp_dir().join(format!("etcd-bench-{}-{what}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).map_err(|e| format!("{}: {e}", p.display()))?;
-        Ok(Scratch(p))
-    }
-
-    fn path(&self) -> &std::path::Path {
-        &self.0
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// Debian's etcd on loopback; killed on drop.
 struct Etcd {
@@ -135,22 +96,6 @@ fn start_etcd() -> Result<Etcd, String> {
     Ok(etcd)
 }
 
-fn config(database_uri: &str) -> ControllerConfig {
-    ControllerConfig {
-        listen_addr: "127.0.0.1:0".into(),
-        database_uri: database_uri.into(),
-        metrics_enabled: false,
-        log_level: "error".into(),
-        ..Default::default()
-    }
-}
-
-async fn server(database_uri: &str) -> ServerHandle {
-    start(&config(database_uri), AnalyzerMetrics::noop())
-        .await
-        .unwrap_or_else(|e| panic!("controller on {database_uri}: {e:#}"))
-}
-
 fn tor_of(n: u64) -> String {
     format!("tor-{}", n / RNICS_PER_TOR)
 }
@@ -197,53 +142,15 @@ async fn fill(srv: &ServerHandle, rnics: u64) -> Duration {
 }
 
 async fn bench_pinglist(store: &str, srv: &ServerHandle, rnics: u64, samples: usize) {
-    let url = format!("http://{}", srv.local_addr);
-    let mut ctl = ControllerServiceClient::connect(url.clone())
-        .await
-        .expect("connect");
-    let mut op = OperatorServiceClient::connect(url).await.expect("connect");
-    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-    let mut next = move |n: u64| {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x % n
-    };
     let req = |n: u64, ty: PinglistType| PinglistRequest {
         agent_id: format!("agent-{}", n / RNICS_PER_HOST),
         tor_id: tor_of(n),
         requester_gid: gid_of(n),
         r#type: ty as i32,
     };
-    for _ in 0..200 {
-        let n = next(rnics);
-        ctl.get_pinglist(req(n, PinglistType::TorMesh))
-            .await
-            .expect("pinglist");
-    }
-    let (mut base, mut mesh, mut inter) = (Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..samples {
-        let t = Instant::now();
-        op.list_violations(ListViolationsRequest { limit: 0 })
-            .await
-            .expect("baseline");
-        base.push(t.elapsed().as_nanos() as u64);
-        for (ty, out) in [
-            (PinglistType::TorMesh, &mut mesh),
-            (PinglistType::InterTor, &mut inter),
-        ] {
-            let n = next(rnics);
-            let t = Instant::now();
-            let r = ctl.get_pinglist(req(n, ty)).await.expect("pinglist");
-            out.push(t.elapsed().as_nanos() as u64);
-            assert!(!r.into_inner().targets.is_empty(), "an empty pinglist");
-        }
-    }
-    for v in [&mut base, &mut mesh, &mut inter] {
-        v.sort_unstable();
-    }
-    let b99 = percentile(&base, 0.99);
-    for (ty, lat) in [("tor_mesh", &mesh), ("inter_tor", &inter)] {
+    let times = time_pinglists(srv, rnics, samples, req).await;
+    let b99 = percentile(&times.base, 0.99);
+    for (ty, lat) in [("tor_mesh", &times.mesh), ("inter_tor", &times.inter)] {
         let p99 = percentile(lat, 0.99);
         emit(json!({
             "bench": "get_pinglist",
@@ -265,21 +172,7 @@ async fn bench_register_rpc(store: &str, srv: &ServerHandle, budget: Duration) {
     let mut ctl = ControllerServiceClient::connect(url)
         .await
         .expect("connect");
-    let reg = |n: u64| AgentRegistrationRequest {
-        agent_version: String::new(),
-        agent_id: format!("rpc-agent-{n}"),
-        agent_ip: "127.0.0.1".into(),
-        hostname: format!("rpc-host-{n}"),
-        tor_id: format!("rpc-tor-{}", n / 10),
-        rnics: vec![RnicInfo {
-            gid: gid_of(50_000_000 + n),
-            qpn: 1000,
-            ip_address: "127.0.0.1".into(),
-            host_name: String::new(),
-            tor_id: String::new(),
-            device_name: "mlx5_0".into(),
-        }],
-    };
+    let reg = |n: u64| registration("rpc-agent", format!("rpc-tor-{}", n / 10), 50_000_000 + n);
     let start = Instant::now();
     let mut calls = 0u64;
     while start.elapsed() < budget {

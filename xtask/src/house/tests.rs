@@ -71,6 +71,48 @@ fn use_trees_expand() {
     );
 }
 
+/// Six lines of logic, as a copy would carry them.
+const LOGIC: &str = "    let n = parts.len();
+    if n == 0 {
+        return None;
+    }
+    let mid = parts[n / 2];
+    total += mid * weight;
+    Some(total / n)
+";
+
+#[test]
+fn logic_copied_to_the_letter_is_found_where_it_stands() {
+    let a = format!("fn a(parts: &[u64]) -> Option<u64> {{\n    // a comment\n\n{LOGIC}}}\n");
+    let b = format!("use x::y;\nfn b() {{}}\n\nfn c(parts: &[u64]) -> Option<u64> {{\n{LOGIC}}}\n");
+    let copies = repeats::copies(&[("a.rs".into(), a), ("b.rs".into(), b)]);
+    assert_eq!(copies, ["a.rs:4-10 ~ b.rs:5-11"]);
+}
+
+#[test]
+fn declarations_inline_tests_and_the_shape_alone_are_no_copies() {
+    let sig = "fn f(\n    &self,\n    agent: &AgentRecord,\n    rnics: &[RnicRecord],\n    now: u64,\n) -> Result<(), E> {\n";
+    let fields = "pub struct S {\n    pub a_ns: u64,\n    pub b_ns: u64,\n    pub c_ns: u64,\n    pub d_ns: u64,\n    pub e_ns: u64,\n}\n";
+    let tests =
+        format!("#[cfg(test)]\npub(crate) mod tests {{\n    fn t() {{\n{LOGIC}    }}\n}}\n");
+    let renamed = LOGIC.replace("parts", "items").replace("weight", "scale");
+    let a = format!("{sig}}}\n{fields}{tests}");
+    let b = format!("{sig}}}\n{fields}fn g() {{\n{renamed}}}\n");
+    let files = [
+        ("a.rs".into(), repeats::without_inline_tests(&a)),
+        ("b.rs".into(), b),
+    ];
+    assert_eq!(repeats::copies(&files), Vec::<String>::new());
+    // The same logic outside the test block is a copy.
+    let c = format!("fn h() {{\n{LOGIC}}}\n");
+    let files = [
+        ("a.rs".into(), repeats::without_inline_tests(&a)),
+        ("c.rs".into(), c.clone()),
+        ("d.rs".into(), c),
+    ];
+    assert_eq!(repeats::copies(&files), ["c.rs:1-8 ~ d.rs:1-8"]);
+}
+
 #[test]
 fn the_workspace_keeps_the_rules() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();

@@ -19,27 +19,8 @@ use rpingmesh_test_pki::CertSpec;
 use serde_json::json;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 
-use super::{bench_config, emit, fill, gid_of, percentile};
-
-/// A scratch directory for the certificates, removed at the end.
-struct Scratch(std::path::PathBuf);
-
-impl Scratch {
-    fn new() -> Self {
-        let d = std::env::temp_dir().join(format!("controller-bench-pki-{}", std::process::id()));
-        std::fs::create_dir_all(&d).expect("scratch directory");
-        Scratch(d)
-    }
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use super::common::{bench_config, emit, gid_of, percentile, Scratch};
+use super::fill;
 
 /// The requester: its certificate names it, its one RNIC is `gid_of(AGENT)`.
 const AGENT: u64 = 7;
@@ -72,7 +53,7 @@ async fn server(dir: &Path, mode: &str) -> ServerHandle {
         } else {
             String::new()
         },
-        ..bench_config()
+        ..bench_config("sqlite::memory:")
     };
     start(&cfg, AnalyzerMetrics::noop())
         .await
@@ -121,7 +102,7 @@ fn report(batch: u64, round: u64) -> ProbeAnalysisReport {
 }
 
 pub async fn bench_identity(rnics: u64, tors: u64, samples: usize, reports: u64) {
-    let dir = Scratch::new();
+    let dir = Scratch::new("pki").expect("scratch directory");
     make_pki(dir.path());
     let (plain, bound) = (
         server(dir.path(), "tls").await,

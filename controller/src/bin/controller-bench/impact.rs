@@ -14,7 +14,8 @@ use rpingmesh_proto::controller_agent::{ServiceFlow, ServiceFlowReport, Workload
 use rpingmesh_proto::operator::{Finding, FindingEvidence};
 use serde_json::json;
 
-use super::{emit, gid_of, median, XorShift};
+use super::common::{emit, gid_of, XorShift};
+use super::median;
 
 const WINDOW_SEC: f64 = 30.0;
 const PER_TOR: u64 = 8;

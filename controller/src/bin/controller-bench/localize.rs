@@ -9,7 +9,8 @@ use rpingmesh_controller::topology::Topology;
 use rpingmesh_proto::controller_agent::PathSummary;
 use serde_json::json;
 
-use super::{batches, emit, gid_of, median};
+use super::common::{emit, gid_of};
+use super::{batches, median};
 
 /// One window of `rnics` RNICs (8 per ToR on 4 hosts): every RNIC's ToR mesh and 5
 /// inter-ToR targets, 60 probes per path; RNIC 3 is dead and link tor-1 <-> spine-0 is

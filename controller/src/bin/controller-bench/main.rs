@@ -36,79 +36,23 @@ use rpingmesh_controller::analyzer::{Analyzer, AnalyzerParams};
 use rpingmesh_controller::registry::{AgentRecord, RegistryIndex, RnicRecord};
 use rpingmesh_controller::service_paths::{ServicePathParams, ServicePathTable};
 use rpingmesh_controller::telemetry::AnalyzerMetrics;
-use rpingmesh_controller::{start, ControllerConfig, ServerHandle};
+use rpingmesh_controller::{start, ServerHandle};
 use rpingmesh_proto::controller_agent::controller_service_client::ControllerServiceClient;
 use rpingmesh_proto::controller_agent::{
-    AgentRegistrationRequest, PathSummary, PinglistRequest, PinglistType, RnicInfo, ServiceFlow,
-    ServiceFlowReport,
+    PathSummary, PinglistRequest, PinglistType, ServiceFlow, ServiceFlowReport,
 };
-use rpingmesh_proto::gid::format_gid;
 use rpingmesh_proto::operator::operator_service_client::OperatorServiceClient;
 use rpingmesh_proto::operator::ListViolationsRequest;
 use serde_json::json;
 
+mod common;
 mod identity;
 mod impact;
 mod localize;
+use common::{emit, gid_of, percentile, registration, server, time_pinglists, XorShift};
 use identity::bench_identity;
 use impact::bench_impact;
 use localize::{bench_localize, LOCALIZE_WINDOWS};
-
-/// Small deterministic PRNG for choosing requesters (no shared RNG state to contend).
-struct XorShift(u64);
-impl XorShift {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
-fn gid_of(n: u64) -> String {
-    let a = std::net::Ipv6Addr::new(
-        0xfd00,
-        0,
-        0,
-        0,
-        0,
-        (n >> 32) as u16,
-        (n >> 16) as u16,
-        n as u16,
-    );
-    format_gid(&a)
-}
-
-fn percentile(sorted: &[u64], q: f64) -> u64 {
-    if sorted.is_empty() {
-        return 0;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * q).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
-}
-
-fn emit(v: serde_json::Value) {
-    println!("{v}");
-}
-
-fn bench_config() -> ControllerConfig {
-    ControllerConfig {
-        listen_addr: "127.0.0.1:0".into(),
-        database_uri: "sqlite::memory:".into(),
-        metrics_enabled: false,
-        log_level: "error".into(),
-        ..Default::default()
-    }
-}
-
-async fn server() -> ServerHandle {
-    start(&bench_config(), AnalyzerMetrics::noop())
-        .await
-        .expect("start controller")
-}
 
 /// Registers `rnics` agents of one RNIC each, `rnics / tors` per ToR, through the
 /// registry API.
@@ -144,66 +88,22 @@ fn fill(srv: &ServerHandle, rnics: u64, tors: u64) -> Duration {
 }
 
 async fn bench_pinglist(rnics: u64, tors: u64, samples: usize) {
-    let srv = server().await;
+    let srv = server("sqlite::memory:").await;
     let per_tor = rnics / tors;
     let fill = fill(&srv, rnics, tors);
-    let url = format!("http://{}", srv.local_addr);
-    let mut ctl = ControllerServiceClient::connect(url.clone())
-        .await
-        .expect("connect");
-    let mut op = OperatorServiceClient::connect(url).await.expect("connect");
-    let mut rng = XorShift(0x9E37_79B9_7F4A_7C15);
     let req = |n: u64, ty: PinglistType| PinglistRequest {
         agent_id: format!("agent-{n}"),
         tor_id: format!("tor-{}", n / per_tor),
         requester_gid: gid_of(n),
         r#type: ty as i32,
     };
-    // Warm-up: connection, allocator, caches.
-    for _ in 0..200 {
-        let n = rng.below(rnics);
-        ctl.get_pinglist(req(n, PinglistType::TorMesh))
-            .await
-            .expect("pinglist");
-        op.list_violations(ListViolationsRequest { limit: 0 })
-            .await
-            .expect("baseline");
-    }
-    let mut base = Vec::with_capacity(samples);
-    let mut mesh = Vec::with_capacity(samples);
-    let mut inter = Vec::with_capacity(samples);
-    let (mut mesh_targets, mut inter_targets) = (0usize, 0usize);
-    // Interleaved so drift affects all three series equally.
-    for _ in 0..samples {
-        let t = Instant::now();
-        op.list_violations(ListViolationsRequest { limit: 0 })
-            .await
-            .expect("baseline");
-        base.push(t.elapsed().as_nanos() as u64);
-        let n = rng.below(rnics);
-        let t = Instant::now();
-        let r = ctl
-            .get_pinglist(req(n, PinglistType::TorMesh))
-            .await
-            .expect("pinglist");
-        mesh.push(t.elapsed().as_nanos() as u64);
-        mesh_targets += r.into_inner().targets.len();
-        let n = rng.below(rnics);
-        let t = Instant::now();
-        let r = ctl
-            .get_pinglist(req(n, PinglistType::InterTor))
-            .await
-            .expect("pinglist");
-        inter.push(t.elapsed().as_nanos() as u64);
-        inter_targets += r.into_inner().targets.len();
-    }
-    base.sort_unstable();
-    mesh.sort_unstable();
-    inter.sort_unstable();
-    let (b50, b99) = (percentile(&base, 0.5), percentile(&base, 0.99));
+    let times = time_pinglists(&srv, rnics, samples, req).await;
+    let (base, mesh, inter) = (&times.base, &times.mesh, &times.inter);
+    let (mesh_targets, inter_targets) = (times.mesh_targets, times.inter_targets);
+    let (b50, b99) = (percentile(base, 0.5), percentile(base, 0.99));
     for (ty, lat, targets) in [
-        ("tor_mesh", &mesh, mesh_targets),
-        ("inter_tor", &inter, inter_targets),
+        ("tor_mesh", mesh, mesh_targets),
+        ("inter_tor", inter, inter_targets),
     ] {
         let (p50, p99) = (percentile(lat, 0.5), percentile(lat, 0.99));
         emit(json!({
@@ -228,27 +128,13 @@ async fn bench_pinglist(rnics: u64, tors: u64, samples: usize) {
 }
 
 async fn bench_register(max_calls: u64, budget: Duration) {
-    let srv = server().await;
+    let srv = server("sqlite::memory:").await;
     let url = format!("http://{}", srv.local_addr);
     let mut ctl = ControllerServiceClient::connect(url.clone())
         .await
         .expect("connect");
     let mut op = OperatorServiceClient::connect(url).await.expect("connect");
-    let reg = |n: u64| AgentRegistrationRequest {
-        agent_version: String::new(),
-        agent_id: format!("agent-{n}"),
-        agent_ip: "127.0.0.1".into(),
-        hostname: format!("host-{n}"),
-        tor_id: format!("tor-{}", n / 10),
-        rnics: vec![RnicInfo {
-            gid: gid_of(n),
-            qpn: 1000,
-            ip_address: "127.0.0.1".into(),
-            host_name: String::new(),
-            tor_id: String::new(),
-            device_name: "mlx5_0".into(),
-        }],
-    };
+    let reg = |n: u64| registration("agent", format!("tor-{}", n / 10), n);
     for n in 0..100 {
         ctl.register_agent(reg(1_000_000 + n))
             .await
@@ -309,7 +195,7 @@ fn http_get(addr: std::net::SocketAddr, path: &str) -> (Duration, usize) {
 /// two paths per RNIC (one ToR-mesh, one inter-ToR) in the analyzer, next to GetPinglist
 /// (ToR-mesh) on the same server, interleaved.
 async fn bench_web(rnics: u64, tors: u64, samples: usize) {
-    let mut cfg = bench_config();
+    let mut cfg = common::bench_config("sqlite::memory:");
     cfg.http_listen_addr = "127.0.0.1:0".into();
     let srv = start(&cfg, AnalyzerMetrics::noop())
         .await
