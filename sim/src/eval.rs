@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 
 use crate::fabric::FabricSpec;
 use crate::output::FindingRecord;
-use crate::rng::{below, uniform, Rng};
+use crate::rng::{below, spread_fault, uniform, Rng};
 use crate::scenario::background::Background;
 use crate::scenario::{ground_truth, Direction, Fault, FaultKind, Scenario};
 
@@ -123,13 +123,7 @@ pub fn suite_scenario(seed: u64, i: usize) -> Scenario {
         let start = uniform(&mut rng, 90.0, 240.0).round();
         let first_tor = 1 + below(&mut rng, f.tors);
         for j in 0..n {
-            // Distinct ToRs, so the two faults' ground truths never nest.
-            let tor = 1 + (first_tor - 1 + j as u32 * (f.tors / 2)) % f.tors;
-            let s = if j == 0 {
-                start
-            } else {
-                (start + uniform(&mut rng, -60.0, 60.0)).round()
-            };
+            let (tor, s) = spread_fault(&mut rng, f.tors, first_tor, j, 2, start, 60.0);
             let len = uniform(&mut rng, 150.0, 300.0).round();
             faults.push(random_fault(&mut rng, 2 * i + j, tor, &f, s, len));
         }

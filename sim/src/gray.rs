@@ -5,7 +5,7 @@
 //! of [`Background::realistic`]. Seeded; each (kind, magnitude) gets its share.
 
 use crate::fabric::FabricSpec;
-use crate::rng::{below, uniform, Rng};
+use crate::rng::{below, spread_fault, uniform, Rng};
 use crate::scenario::background::Background;
 use crate::scenario::{Direction, Fault, FaultKind, Scenario};
 
@@ -140,15 +140,9 @@ pub fn gray_scenario(seed: u64, i: usize) -> Scenario {
     let start = uniform(&mut rng, WARMUP_SEC, WARMUP_SEC + 120.0).round();
     let first_tor = 1 + below(&mut rng, f.tors);
     for j in 0..count {
-        // Distinct ToRs a third of the fabric apart; starts within a window of each other.
-        let tor = 1 + (first_tor - 1 + j as u32 * (f.tors / 3)) % f.tors;
-        let s = if j == 0 {
-            start
-        } else {
-            (start + uniform(&mut rng, -30.0, 30.0))
-                .round()
-                .max(WARMUP_SEC)
-        };
+        // A third of the fabric apart; starts within a window of each other.
+        let (tor, s) = spread_fault(&mut rng, f.tors, first_tor, j, 3, start, 30.0);
+        let s = s.max(WARMUP_SEC);
         let len = uniform(&mut rng, lo, hi).round();
         let len = len.min(GRAY_DURATION_SEC as f64 - s);
         faults.push(gray_fault(&mut rng, n + j, tor, &f, s, len));

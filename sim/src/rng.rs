@@ -74,6 +74,28 @@ pub fn below(rng: &mut Rng, n: u32) -> u32 {
     (rng.next_u64() % n.max(1) as u64) as u32
 }
 
+/// The ToR and start of the `j`th of a suite scenario's simultaneous faults: ToRs
+/// `tors / apart` apart counted from `first_tor` (distinct, so the faults' ground truths
+/// never nest); the first starts at `start`, each other one within `jitter` s of it,
+/// rounded (the only draw, so the first fault draws nothing).
+pub fn spread_fault(
+    rng: &mut Rng,
+    tors: u32,
+    first_tor: u32,
+    j: usize,
+    apart: u32,
+    start: f64,
+    jitter: f64,
+) -> (u32, f64) {
+    let tor = 1 + (first_tor - 1 + j as u32 * (tors / apart)) % tors;
+    let s = if j == 0 {
+        start
+    } else {
+        (start + uniform(rng, -jitter, jitter)).round()
+    };
+    (tor, s)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
