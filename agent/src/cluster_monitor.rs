@@ -268,37 +268,24 @@ pub async fn run_cluster_monitor(
                 r = async { kick.as_mut().expect("guarded").changed().await }, if kick.is_some() => Wake::Kick(r.is_ok()),
                 r = async { focus.as_mut().expect("guarded").changed().await }, if focus.is_some() => Wake::Focus(r.is_ok()),
             };
-            match wake {
+            // Out of schedule (the periodic refresh keeps its deadline): the one list asked.
+            let asked = match wake {
                 Wake::Period => break,
                 Wake::Shutdown => return,
-                Wake::Focus(false) => focus = None,
-                Wake::Focus(true) => {
-                    let _ = refresh(
-                        &registrar,
-                        &client,
-                        &params,
-                        &[PinglistKind::Focus],
-                        &mut cached,
-                        &tx,
-                    )
-                    .await;
+                Wake::Focus(false) => {
+                    focus = None;
+                    continue;
                 }
+                Wake::Focus(true) => PinglistKind::Focus,
                 // The reporter is gone: periodic refreshes only.
-                Wake::Kick(false) => kick = None,
-                Wake::Kick(true) if service => {
-                    // Out of schedule: the periodic refresh keeps its deadline.
-                    let _ = refresh(
-                        &registrar,
-                        &client,
-                        &params,
-                        &[PinglistKind::Service],
-                        &mut cached,
-                        &tx,
-                    )
-                    .await;
+                Wake::Kick(false) => {
+                    kick = None;
+                    continue;
                 }
-                Wake::Kick(true) => {}
-            }
+                Wake::Kick(true) if service => PinglistKind::Service,
+                Wake::Kick(true) => continue,
+            };
+            let _ = refresh(&registrar, &client, &params, &[asked], &mut cached, &tx).await;
         }
     }
 }

@@ -170,71 +170,67 @@ fn is_word(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b == b'_'
 }
 
+/// Where the run of word characters from `from` ends.
+fn word_end(b: &[u8], from: usize) -> usize {
+    from + b[from..].iter().take_while(|&&c| is_word(c)).count()
+}
+
+/// A reference at `i` opened by `open` and closed by `close`, with what stands between
+/// the name and the close (a format, a field) accepted by `tail_ok`.
+fn enclosed(
+    s: &str,
+    i: usize,
+    open: &str,
+    close: &str,
+    tail_ok: fn(&str) -> bool,
+) -> Option<VarRef> {
+    if !s[i..].starts_with(open) {
+        return None;
+    }
+    let name_start = i + open.len();
+    let j = word_end(s.as_bytes(), name_start);
+    if j == name_start {
+        return None;
+    }
+    let c = s[j..].find(close)?;
+    tail_ok(&s[j..j + c]).then(|| VarRef {
+        start: i,
+        end: j + c + close.len(),
+        name: s[name_start..j].to_string(),
+    })
+}
+
 /// Finds the variable references of `s` the way Grafana's template service does:
 /// `$name`, `${name}`, `${name:format}`, `${name.field}`, `[[name]]`, `[[name:format]]`
 /// (`name` = `[A-Za-z0-9_]+`).
 fn var_refs(s: &str) -> Vec<VarRef> {
-    let b = s.as_bytes();
     let mut out = Vec::new();
     let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'$' && i + 1 < b.len() && b[i + 1] == b'{' {
-            let name_start = i + 2;
-            let mut j = name_start;
-            while j < b.len() && is_word(b[j]) {
-                j += 1;
+    while i < s.len() {
+        let found = if s[i..].starts_with("${") {
+            enclosed(s, i, "${", "}", |t| {
+                t.is_empty() || t.starts_with(':') || t.starts_with('.')
+            })
+        } else if s[i..].starts_with('$') {
+            let j = word_end(s.as_bytes(), i + 1);
+            (j > i + 1).then(|| VarRef {
+                start: i,
+                end: j,
+                name: s[i + 1..j].to_string(),
+            })
+        } else {
+            enclosed(s, i, "[[", "]]", |t| {
+                t.is_empty() || (t.starts_with(':') && !t.contains('['))
+            })
+        };
+        match found {
+            Some(r) => {
+                i = r.end;
+                out.push(r);
             }
-            if j > name_start {
-                if let Some(close) = s[j..].find('}') {
-                    let rest = &s[j..j + close];
-                    if rest.is_empty() || rest.starts_with(':') || rest.starts_with('.') {
-                        out.push(VarRef {
-                            start: i,
-                            end: j + close + 1,
-                            name: s[name_start..j].to_string(),
-                        });
-                        i = j + close + 1;
-                        continue;
-                    }
-                }
-            }
-        } else if b[i] == b'$' {
-            let mut j = i + 1;
-            while j < b.len() && is_word(b[j]) {
-                j += 1;
-            }
-            if j > i + 1 {
-                out.push(VarRef {
-                    start: i,
-                    end: j,
-                    name: s[i + 1..j].to_string(),
-                });
-                i = j;
-                continue;
-            }
-        } else if b[i] == b'[' && i + 1 < b.len() && b[i + 1] == b'[' {
-            let name_start = i + 2;
-            let mut j = name_start;
-            while j < b.len() && is_word(b[j]) {
-                j += 1;
-            }
-            if j > name_start {
-                if let Some(close) = s[j..].find("]]") {
-                    let rest = &s[j..j + close];
-                    if rest.is_empty() || (rest.starts_with(':') && !rest.contains('[')) {
-                        out.push(VarRef {
-                            start: i,
-                            end: j + close + 2,
-                            name: s[name_start..j].to_string(),
-                        });
-                        i = j + close + 2;
-                        continue;
-                    }
-                }
-            }
+            // Advance by one character (not byte) to stay on UTF-8 boundaries.
+            None => i += s[i..].chars().next().map_or(1, char::len_utf8),
         }
-        // Advance by one character (not byte) to stay on UTF-8 boundaries.
-        i += s[i..].chars().next().map_or(1, char::len_utf8);
     }
     out
 }

@@ -258,32 +258,28 @@ impl<S: Sysfs> Recorder<S> {
     }
 }
 
-impl<S: Sysfs> Sysfs for Recorder<S> {
-    fn read(&self, path: &str) -> io::Result<String> {
-        let c = self.inner.read(path)?;
+impl<S: Sysfs> Recorder<S> {
+    /// Notes what `path` gave, then hands it on.
+    fn noted<T: Clone>(&self, path: &str, got: T, entry: fn(T) -> Entry) -> io::Result<T> {
         self.taken
             .borrow_mut()
             .entries
-            .insert(path.to_string(), Entry::File(c.clone()));
-        Ok(c)
+            .insert(path.to_string(), entry(got.clone()));
+        Ok(got)
+    }
+}
+
+impl<S: Sysfs> Sysfs for Recorder<S> {
+    fn read(&self, path: &str) -> io::Result<String> {
+        self.noted(path, self.inner.read(path)?, Entry::File)
     }
 
     fn read_link(&self, path: &str) -> io::Result<String> {
-        let t = self.inner.read_link(path)?;
-        self.taken
-            .borrow_mut()
-            .entries
-            .insert(path.to_string(), Entry::Link(t.clone()));
-        Ok(t)
+        self.noted(path, self.inner.read_link(path)?, Entry::Link)
     }
 
     fn list(&self, dir: &str) -> io::Result<Vec<String>> {
-        let names = self.inner.list(dir)?;
-        self.taken
-            .borrow_mut()
-            .entries
-            .insert(dir.to_string(), Entry::Dir(names.clone()));
-        Ok(names)
+        self.noted(dir, self.inner.list(dir)?, Entry::Dir)
     }
 }
 

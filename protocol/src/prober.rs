@@ -190,27 +190,23 @@ impl Prober {
             return None;
         };
         let nonzero = |v: u64| (v != 0).then_some(v);
-        match ack.ack_type {
-            AckType::First => {
-                if o.first_ack {
-                    self.counters.duplicate_ack += 1;
-                    return None;
-                }
-                o.first_ack = true;
-                o.ts.t3 = o.ts.t3.or(nonzero(ack.t3));
-                o.ts.t5 = rx_ts_ns;
-            }
-            AckType::Second => {
-                if o.second_ack {
-                    self.counters.duplicate_ack += 1;
-                    return None;
-                }
-                o.second_ack = true;
-                o.ts.t3 = o.ts.t3.or(nonzero(ack.t3));
-                o.ts.t4 = nonzero(ack.t4);
-                o.ts.t6 = Some(now_mono_ns);
-            }
+        let seen = match ack.ack_type {
+            AckType::First => &mut o.first_ack,
+            AckType::Second => &mut o.second_ack,
             AckType::None => return None,
+        };
+        if *seen {
+            self.counters.duplicate_ack += 1;
+            return None;
+        }
+        *seen = true;
+        // Both ACKs carry T3: whichever arrives first sets it.
+        o.ts.t3 = o.ts.t3.or(nonzero(ack.t3));
+        if ack.ack_type == AckType::First {
+            o.ts.t5 = rx_ts_ns;
+        } else {
+            o.ts.t4 = nonzero(ack.t4);
+            o.ts.t6 = Some(now_mono_ns);
         }
         self.finish_if_done(ack.sequence)
     }

@@ -98,6 +98,23 @@ pub fn serve_sink(link: &mut dyn RingLink, timeout: Duration) -> Result<u64, Str
     })
 }
 
+/// Offers pattern message number `c.sent`: false when the ring has no credit for it
+/// (counted as backpressure).
+fn offer_next(
+    link: &mut dyn RingLink,
+    c: &mut Counts,
+    buf: &mut [u8; MAX_PAYLOAD],
+) -> Result<bool, String> {
+    let len = pattern(c.sent, buf);
+    let sent = link.try_send(&buf[..len])?;
+    if sent {
+        c.sent += 1;
+    } else {
+        c.backpressured += 1;
+    }
+    Ok(sent)
+}
+
 /// Sends `n` pattern messages one way as fast as credits allow (the sink checks them),
 /// then ends the sink.
 pub fn run_stream(link: &mut dyn RingLink, n: u64, timeout: Duration) -> Result<Counts, String> {
@@ -105,11 +122,7 @@ pub fn run_stream(link: &mut dyn RingLink, n: u64, timeout: Duration) -> Result<
     let mut c = Counts::default();
     let mut buf = [0u8; MAX_PAYLOAD];
     while c.sent < n {
-        let len = pattern(c.sent, &mut buf);
-        if link.try_send(&buf[..len])? {
-            c.sent += 1;
-        } else {
-            c.backpressured += 1;
+        if !offer_next(link, &mut c, &mut buf)? {
             link.idle();
             check_deadline(deadline, "stream", &c)?;
         }
@@ -179,11 +192,7 @@ pub fn run_client(
             None => n,
         };
         while c.sent < batch_end {
-            let len = pattern(c.sent, &mut buf);
-            if link.try_send(&buf[..len])? {
-                c.sent += 1;
-            } else {
-                c.backpressured += 1;
+            if !offer_next(link, &mut c, &mut buf)? {
                 if !drain_echoes(link, &mut c, &mut check)? {
                     link.idle();
                 }

@@ -6,6 +6,7 @@
 
 pub mod clock;
 pub mod rdma;
+mod sockaddr;
 pub mod udp;
 
 use std::net::Ipv6Addr;

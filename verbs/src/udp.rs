@@ -22,7 +22,7 @@
 
 use std::io;
 use std::mem::{size_of, zeroed, MaybeUninit};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::net::{IpAddr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
@@ -31,6 +31,7 @@ use std::sync::Mutex;
 use tokio::io::unix::AsyncFd;
 use tokio::io::{Interest, Ready};
 
+use crate::sockaddr::{from_sockaddr, to_sockaddr};
 use crate::{Endpoint, SendId, SendParams, TransportEvent, VerbsError};
 
 /// Receive buffer length reported in `TransportEvent::Received::data`.
@@ -109,69 +110,6 @@ fn setsockopt_int(
         )
     })
     .map(drop)
-}
-
-/// Encodes `addr` (with `flowinfo` already in network byte order for IPv6).
-fn to_sockaddr(addr: &SocketAddr, flowinfo_be: u32) -> (libc::sockaddr_storage, libc::socklen_t) {
-    // SAFETY: all-zero is a valid sockaddr_storage.
-    let mut ss: libc::sockaddr_storage = unsafe { zeroed() };
-    let len = match addr {
-        SocketAddr::V4(a) => {
-            let sin = libc::sockaddr_in {
-                sin_family: libc::AF_INET as libc::sa_family_t,
-                sin_port: a.port().to_be(),
-                sin_addr: libc::in_addr {
-                    s_addr: u32::from_ne_bytes(a.ip().octets()),
-                },
-                sin_zero: [0; 8],
-            };
-            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in.
-            unsafe { std::ptr::write(&mut ss as *mut _ as *mut libc::sockaddr_in, sin) };
-            size_of::<libc::sockaddr_in>()
-        }
-        SocketAddr::V6(a) => {
-            let sin6 = libc::sockaddr_in6 {
-                sin6_family: libc::AF_INET6 as libc::sa_family_t,
-                sin6_port: a.port().to_be(),
-                sin6_flowinfo: flowinfo_be,
-                sin6_addr: libc::in6_addr {
-                    s6_addr: a.ip().octets(),
-                },
-                sin6_scope_id: a.scope_id(),
-            };
-            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in6.
-            unsafe { std::ptr::write(&mut ss as *mut _ as *mut libc::sockaddr_in6, sin6) };
-            size_of::<libc::sockaddr_in6>()
-        }
-    };
-    (ss, len as libc::socklen_t)
-}
-
-fn from_sockaddr(ss: &libc::sockaddr_storage, len: libc::socklen_t) -> Option<SocketAddr> {
-    let len = len as usize;
-    match ss.ss_family as libc::c_int {
-        libc::AF_INET if len >= size_of::<libc::sockaddr_in>() => {
-            // SAFETY: family and length say this is a sockaddr_in.
-            let a = unsafe { &*(ss as *const _ as *const libc::sockaddr_in) };
-            let ip = Ipv4Addr::from(a.sin_addr.s_addr.to_ne_bytes());
-            Some(SocketAddr::V4(SocketAddrV4::new(
-                ip,
-                u16::from_be(a.sin_port),
-            )))
-        }
-        libc::AF_INET6 if len >= size_of::<libc::sockaddr_in6>() => {
-            // SAFETY: family and length say this is a sockaddr_in6.
-            let a = unsafe { &*(ss as *const _ as *const libc::sockaddr_in6) };
-            let ip = Ipv6Addr::from(a.sin6_addr.s6_addr);
-            Some(SocketAddr::V6(SocketAddrV6::new(
-                ip,
-                u16::from_be(a.sin6_port),
-                u32::from_be(a.sin6_flowinfo),
-                a.sin6_scope_id,
-            )))
-        }
-        _ => None,
-    }
 }
 
 /// The endpoint a socket address stands for: an IPv4 address as its v4-mapped GID, the

@@ -314,7 +314,11 @@ impl QpImage {
     }
 }
 
-/// ns per `ibv_modify_qp` call over `calls` calls.
+/// The line of a bench that could not run here, and why.
+fn skipped(bench: &str, why: String) {
+    println!("{}", json!({"bench": bench, "skipped": why}));
+}
+
 /// This executable, when the tracer may attach uprobes to it (else why not).
 fn traceable_self() -> Result<std::path::PathBuf, String> {
     // SAFETY: geteuid has no preconditions.
@@ -345,6 +349,7 @@ fn start_uprobe_tracer(rt: &tokio::runtime::Runtime, exe: std::path::PathBuf) ->
     })
 }
 
+/// ns per `ibv_modify_qp` call over `calls` calls.
 fn time_calls(img: &mut QpImage, calls: u64) -> f64 {
     let f: unsafe extern "C" fn(*mut c_void, *mut c_void, c_int) -> c_int =
         black_box(ibv_modify_qp);
@@ -362,12 +367,7 @@ fn time_calls(img: &mut QpImage, calls: u64) -> f64 {
 }
 
 fn uprobe_bench(budget: Duration) {
-    let skip = |why: String| {
-        println!(
-            "{}",
-            json!({"bench": "uprobe_call_overhead", "skipped": why})
-        );
-    };
+    let skip = |why: String| skipped("uprobe_call_overhead", why);
     let exe = match traceable_self() {
         Ok(p) => p,
         Err(why) => return skip(why),
@@ -580,12 +580,7 @@ fn storm(stop: Arc<AtomicBool>, calls: Arc<AtomicU64>) -> std::thread::JoinHandl
 }
 
 fn storm_bench(phase: Duration) {
-    let skip = |why: String| {
-        println!(
-            "{}",
-            json!({"bench": "probing_under_qp_storm", "skipped": why})
-        );
-    };
+    let skip = |why: String| skipped("probing_under_qp_storm", why);
     let exe = match traceable_self() {
         Ok(p) => p,
         Err(why) => return skip(why),

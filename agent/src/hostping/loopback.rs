@@ -20,23 +20,8 @@ pub(super) fn loopback_verb_problems(l: &LoopbackReport) -> Vec<(String, String)
         .collect()
 }
 
-#[cfg(not(feature = "rdma"))]
-pub fn loopback_tests(
-    cfg: &AgentConfig,
-    _: &HostTopology,
-    _: HostMode,
-    _: &mut rpingmesh_hostping::linkstate::LinkStateInference,
-) -> LoopbackReport {
-    if !cfg.hostping_loopback_enabled {
-        return LoopbackReport {
-            skipped: Some("hostping_loopback_enabled: false".into()),
-            ..Default::default()
-        };
-    }
-    let why = match cfg.transport {
-        Transport::Udp => "transport udp (loopback tests write through RDMA)",
-        Transport::Rdma => "this build has no rdma backend (build with the `rdma` feature)",
-    };
+/// A report of loopback tests that did not run, and why.
+fn skipped(why: &str) -> LoopbackReport {
     LoopbackReport {
         skipped: Some(why.into()),
         ..Default::default()
@@ -47,8 +32,33 @@ pub fn loopback_tests(
 /// the host is busy), judged against peers, then a round of Algorithm 1 over the verdicts
 /// (`inference` keeps the links' history between rounds: gray streaks, flapping). Blocks
 /// for the length of the writes: call from a blocking context.
-#[cfg(feature = "rdma")]
 pub fn loopback_tests(
+    cfg: &AgentConfig,
+    topo: &HostTopology,
+    mode: HostMode,
+    inference: &mut rpingmesh_hostping::linkstate::LinkStateInference,
+) -> LoopbackReport {
+    if !cfg.hostping_loopback_enabled {
+        return skipped("hostping_loopback_enabled: false");
+    }
+    if cfg.transport != Transport::Rdma {
+        return skipped("transport udp (loopback tests write through RDMA)");
+    }
+    run_tests(cfg, topo, mode, inference)
+}
+
+#[cfg(not(feature = "rdma"))]
+fn run_tests(
+    _: &AgentConfig,
+    _: &HostTopology,
+    _: HostMode,
+    _: &mut rpingmesh_hostping::linkstate::LinkStateInference,
+) -> LoopbackReport {
+    skipped("this build has no rdma backend (build with the `rdma` feature)")
+}
+
+#[cfg(feature = "rdma")]
+fn run_tests(
     cfg: &AgentConfig,
     topo: &HostTopology,
     mode: HostMode,
@@ -57,18 +67,6 @@ pub fn loopback_tests(
     use rpingmesh_hostping::loopback::{judge, plan, Timing};
     use rpingmesh_hostping::paths::{full_mesh, Endpoint};
     use rpingmesh_verbs::rdma::loopback::{run_loopback, LoopbackOptions};
-    if !cfg.hostping_loopback_enabled {
-        return LoopbackReport {
-            skipped: Some("hostping_loopback_enabled: false".into()),
-            ..Default::default()
-        };
-    }
-    if cfg.transport != Transport::Rdma {
-        return LoopbackReport {
-            skipped: Some("transport udp (loopback tests write through RDMA)".into()),
-            ..Default::default()
-        };
-    }
     let allowed = |name: &str| {
         cfg.allowed_device_names.is_empty() || cfg.allowed_device_names.iter().any(|d| d == name)
     };

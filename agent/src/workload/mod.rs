@@ -203,14 +203,8 @@ impl<H: HostView> WorkloadResolver<H> {
     fn enrich(&mut self, mut w: Workload) -> Workload {
         match w.kind {
             WorkloadKind::KubernetesPod => {
-                let names = match self.pods.get(&w.id) {
-                    Some(n) => n.clone(),
-                    None => {
-                        let n = self.host.pod_names(&w.id);
-                        insert_bounded(&mut self.pods, w.id.clone(), n.clone());
-                        n
-                    }
-                };
+                let host = &self.host;
+                let names = remembered(&mut self.pods, &w.id, |id| host.pod_names(id));
                 if let Some((ns, name)) = names {
                     w.key = format!("k8s/{ns}/{name}");
                     w.namespace = ns;
@@ -218,14 +212,8 @@ impl<H: HostView> WorkloadResolver<H> {
                 }
             }
             WorkloadKind::SlurmJob => {
-                let name = match self.jobs.get(&w.id) {
-                    Some(n) => n.clone(),
-                    None => {
-                        let n = self.host.slurm_job_name(&w.id);
-                        insert_bounded(&mut self.jobs, w.id.clone(), n.clone());
-                        n
-                    }
-                };
+                let host = &self.host;
+                let name = remembered(&mut self.jobs, &w.id, |id| host.slurm_job_name(id));
                 w.name = name.unwrap_or_default();
             }
             _ => {}
@@ -263,6 +251,16 @@ impl<H: HostView> WorkloadResolver<H> {
 
 /// Inserts into a cache of at most [`CACHE_MAX`] entries: when full, an arbitrary half is
 /// forgotten first (looked up again when seen again).
+/// `id`'s value in `m`, looked up with `look` (and remembered) the first time.
+fn remembered<V: Clone>(m: &mut HashMap<String, V>, id: &str, look: impl FnOnce(&str) -> V) -> V {
+    if let Some(v) = m.get(id) {
+        return v.clone();
+    }
+    let v = look(id);
+    insert_bounded(m, id.to_string(), v.clone());
+    v
+}
+
 fn insert_bounded<K: std::hash::Hash + Eq + Clone, V>(m: &mut HashMap<K, V>, k: K, v: V) {
     if m.len() >= CACHE_MAX && !m.contains_key(&k) {
         let drop: Vec<K> = m.keys().take(CACHE_MAX / 2).cloned().collect();

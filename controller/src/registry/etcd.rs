@@ -333,6 +333,14 @@ impl EtcdRegistry {
             Ok(get_all(&mut c, prefix).await?.1)
         })
     }
+
+    /// Every agent document that decodes (a bad one is skipped, as the index load does).
+    fn agent_docs(&self) -> Result<impl Iterator<Item = AgentDoc>, RegistryError> {
+        let kvs = self.get_prefix(AGENTS)?;
+        Ok(kvs
+            .into_iter()
+            .filter_map(|(k, v)| AgentDoc::decode(&k, &v).ok()))
+    }
 }
 
 impl Registry for EtcdRegistry {
@@ -450,21 +458,11 @@ impl Registry for EtcdRegistry {
     }
 
     fn list_agents(&self) -> Result<Vec<AgentRecord>, RegistryError> {
-        Ok(self
-            .get_prefix(AGENTS)?
-            .iter()
-            .filter_map(|(k, v)| AgentDoc::decode(k, v).ok())
-            .map(|d| d.records().0)
-            .collect())
+        Ok(self.agent_docs()?.map(|d| d.records().0).collect())
     }
 
     fn list_rnics(&self) -> Result<Vec<RnicRecord>, RegistryError> {
-        Ok(self
-            .get_prefix(AGENTS)?
-            .iter()
-            .filter_map(|(k, v)| AgentDoc::decode(k, v).ok())
-            .flat_map(|d| d.records().1)
-            .collect())
+        Ok(self.agent_docs()?.flat_map(|d| d.records().1).collect())
     }
 
     fn lookup_rnic(&self, gid: &str) -> Result<Option<RnicRecord>, RegistryError> {

@@ -264,13 +264,24 @@ fn kind_row(bench: &str, kind: &str, magnitude: Option<&str>, r: &KindReport) ->
     v
 }
 
-fn black_suite(a: &Args, opts: &SimOptions) {
+/// Runs scenarios `0..n` of a suite (`make(seed, i)`) on `a.jobs` threads: the runs,
+/// their scores and the wall time taken.
+fn run_suite(
+    a: &Args,
+    opts: &SimOptions,
+    suite: &str,
+    n: usize,
+    make: fn(u64, usize) -> Scenario,
+) -> (Vec<Run>, Vec<ScenarioScore>, f64) {
     let t0 = Instant::now();
-    let runs: Vec<Run> = parallel(a.scenarios, a.jobs, |i| {
-        run_scored("black", i, &suite_scenario(a.seed, i), opts)
-    });
-    let suite_wall = t0.elapsed().as_secs_f64();
-    let scores: Vec<ScenarioScore> = runs.iter().map(|r| r.score.clone()).collect();
+    let runs: Vec<Run> = parallel(n, a.jobs, |i| run_scored(suite, i, &make(a.seed, i), opts));
+    let wall = t0.elapsed().as_secs_f64();
+    let scores = runs.iter().map(|r| r.score.clone()).collect();
+    (runs, scores, wall)
+}
+
+fn black_suite(a: &Args, opts: &SimOptions) {
+    let (runs, scores, suite_wall) = run_suite(a, opts, "black", a.scenarios, suite_scenario);
     for (kind, r) in report(&scores, &BLACK_KINDS) {
         println!("{}", kind_row("localization", kind, None, &r));
     }
@@ -367,12 +378,7 @@ fn impact_rows(bench: &str, runs: &[Run]) {
 }
 
 fn gray_suite(a: &Args, opts: &SimOptions) {
-    let t0 = Instant::now();
-    let runs: Vec<Run> = parallel(a.gray_scenarios, a.jobs, |i| {
-        run_scored("gray", i, &gray_scenario(a.seed, i), opts)
-    });
-    let suite_wall = t0.elapsed().as_secs_f64();
-    let scores: Vec<ScenarioScore> = runs.iter().map(|r| r.score.clone()).collect();
+    let (runs, scores, suite_wall) = run_suite(a, opts, "gray", a.gray_scenarios, gray_scenario);
     for ((kind, magnitude), r) in report_by_magnitude(&scores, &GRAY_KINDS, SCORED_WINDOWS) {
         let m = (magnitude != "all").then_some(magnitude.as_str());
         println!("{}", kind_row("gray_localization", kind, m, &r));

@@ -1,5 +1,7 @@
 //! Tests of `udp.rs`.
 
+use std::net::Ipv6Addr;
+
 use super::*;
 
 fn cmsg_bytes(items: &[(libc::c_int, libc::c_int, &[u8])]) -> Vec<u8> {

@@ -65,6 +65,16 @@ pub(super) async fn load_agents(
     Ok(rev)
 }
 
+/// A failed etcd call of the follower: logged the first time of a run of failures (the
+/// log is not flooded while etcd is away), then a pause before the next try.
+async fn failed(failures: &mut u32, what: &str, e: &(dyn std::fmt::Display + Sync)) {
+    *failures += 1;
+    if *failures == 1 {
+        tracing::error!(error = %e, "etcd registry: cannot {what} the agents; retrying");
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+}
+
 /// Follows `agents/` from `from` on, applying every change to `index`; on a compaction,
 /// a cancel or a broken stream it loads again and follows from there. Ends when the
 /// registry is dropped (its thread's runtime, and this task with it, ends).
@@ -83,11 +93,7 @@ pub(super) async fn follow(
                     from = rev + 1;
                 }
                 Err(e) => {
-                    failures += 1;
-                    if failures == 1 {
-                        tracing::error!(error = %e, "etcd registry: cannot load the agents; retrying");
-                    }
-                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    failed(&mut failures, "load", &e).await;
                     continue;
                 }
             }
@@ -99,11 +105,7 @@ pub(super) async fn follow(
         let mut stream = match c.watch(AGENTS, Some(opts)).await {
             Ok(s) => s,
             Err(e) => {
-                failures += 1;
-                if failures == 1 {
-                    tracing::error!(error = %e, "etcd registry: cannot watch the agents; retrying");
-                }
-                tokio::time::sleep(Duration::from_millis(500)).await;
+                failed(&mut failures, "watch", &e).await;
                 continue;
             }
         };

@@ -91,25 +91,7 @@ pub(crate) async fn bench_rdma(dir: &Path) -> Result<Value> {
         .await
         .with_context(|| format!("{}: tracing never came on", a.name))?;
     }
-    let mut p = Driven::spawn(
-        &bin("rdma-qp-churn"),
-        &[
-            "--dev-a",
-            SVC_DEVICES[0],
-            "--gid-a",
-            &g[0].to_string(),
-            "--dev-b",
-            SVC_DEVICES[1],
-            "--gid-b",
-            &g[1].to_string(),
-            "--churn",
-            "0",
-            "--pairs",
-            &BENCH_PAIRS.to_string(),
-        ]
-        .map(String::from),
-        &dir.join("qp-churn.stderr"),
-    )?;
+    let mut p = Driven::qp_churn(dir, g, 0, BENCH_PAIRS, &[])?;
     p.line("ready")?;
     p.line("churned")?;
     // (local GID, local QPN) -> RTR time, for both sides of every pair (the two devices

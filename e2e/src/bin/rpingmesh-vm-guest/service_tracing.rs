@@ -86,7 +86,7 @@ pub(crate) struct ServiceRun<'a> {
     paths: usize,
 }
 
-impl ServiceRun<'_> {
+impl<'a> ServiceRun<'a> {
     fn paths_json(&self, paths: &[ServicePath]) -> Value {
         json!(of_service(paths, &self.pids)
             .into_iter()
@@ -155,6 +155,26 @@ impl ServiceRun<'_> {
             Some((at, _)) => v["gone_unix_ns"] = json!(at),
             None => v["gone_error"] = json!("paths still listed 30 s after the QPs went away"),
         }
+    }
+
+    /// A server and its client (two service paths) from start to end: observed, then
+    /// killed with -9 and watched go.
+    async fn pair_lifetime(
+        endpoint: &'a str,
+        comm: &'static str,
+        started_unix_ns: u64,
+        wait: Duration,
+        (server, client): (&mut Proc, &mut Proc),
+    ) -> Value {
+        let run = ServiceRun {
+            endpoint,
+            comm,
+            pids: vec![server.pid(), client.pid()],
+            paths: 2,
+        };
+        let mut r = run.observe(started_unix_ns, wait).await;
+        run.kill(&mut r, &mut [server, client]).await;
+        r
     }
 
     /// Kills `procs` with -9 and records when their paths disappeared.
@@ -284,6 +304,35 @@ impl Driven {
         Ok(Driven { child, stdin, out })
     }
 
+    /// rdma-qp-churn between the two service devices (GID indexes `gid_idx`): `churn`
+    /// pairs created and destroyed, then `pairs` held; `more` flags after those.
+    pub(crate) fn qp_churn(
+        dir: &Path,
+        gid_idx: [u32; 2],
+        churn: u32,
+        pairs: u32,
+        more: &[String],
+    ) -> Result<Driven> {
+        let mut args: Vec<String> = [
+            "--dev-a",
+            SVC_DEVICES[0],
+            "--gid-a",
+            &gid_idx[0].to_string(),
+            "--dev-b",
+            SVC_DEVICES[1],
+            "--gid-b",
+            &gid_idx[1].to_string(),
+            "--churn",
+            &churn.to_string(),
+            "--pairs",
+            &pairs.to_string(),
+        ]
+        .map(String::from)
+        .to_vec();
+        args.extend_from_slice(more);
+        Driven::spawn(&bin("rdma-qp-churn"), &args, &dir.join("qp-churn.stderr"))
+    }
+
     pub(crate) fn line(&mut self, prefix: &str) -> Result<Vec<String>> {
         let mut l = String::new();
         self.out.read_line(&mut l)?;
@@ -406,16 +455,9 @@ pub(crate) async fn service_tracing(dir: &Path, mode: &str) -> Result<Value> {
     // 0. The pre-existing pair: learned from the kernel's answers when the agent asks it
     //    about its QPs (kprobe mode); libibverbs uprobes cannot see it before it reconnects.
     {
-        let run = ServiceRun {
-            endpoint: &ep,
-            comm: "ibv_rc_pingpong",
-            pids: vec![pre_server.pid(), pre_client.pid()],
-            paths: 2,
-        };
         let wait = Duration::from_secs(if mode == "uprobe" { 5 } else { 30 });
-        let mut r = run.observe(unix_ns_now(), wait).await;
-        run.kill(&mut r, &mut [&mut pre_server, &mut pre_client])
-            .await;
+        let pair = (&mut pre_server, &mut pre_client);
+        let r = ServiceRun::pair_lifetime(&ep, "ibv_rc_pingpong", unix_ns_now(), wait, pair).await;
         v["preexisting"] = r;
     }
 
@@ -426,15 +468,15 @@ pub(crate) async fn service_tracing(dir: &Path, mode: &str) -> Result<Value> {
         let cg = slurm_cgroup(SLURM_JOB)?;
         v["slurm_job"] = json!(SLURM_JOB);
         let (mut server, mut client) = rc_pingpong_pair(dir, "rc", 18600, gid_idx, Some(&cg))?;
-        let run = ServiceRun {
-            endpoint: &ep,
-            comm: "ibv_rc_pingpong",
-            pids: vec![server.pid(), client.pid()],
-            paths: 2,
-        };
-        let mut r = run.observe(started, Duration::from_secs(60)).await;
-        run.kill(&mut r, &mut [&mut server, &mut client]).await;
-        v["rc_pingpong"] = r;
+        let pair = (&mut server, &mut client);
+        v["rc_pingpong"] = ServiceRun::pair_lifetime(
+            &ep,
+            "ibv_rc_pingpong",
+            started,
+            Duration::from_secs(60),
+            pair,
+        )
+        .await;
     }
 
     // 2. rping (RDMA-CM: librdmacm creates and connects the QPs), killed with -9.
@@ -467,41 +509,21 @@ pub(crate) async fn service_tracing(dir: &Path, mode: &str) -> Result<Value> {
             ]
             .map(String::from),
         )?;
-        let run = ServiceRun {
-            endpoint: &ep,
-            comm: "rping",
-            pids: vec![server.pid(), client.pid()],
-            paths: 2,
-        };
-        let mut r = run.observe(started, Duration::from_secs(60)).await;
-        run.kill(&mut r, &mut [&mut server, &mut client]).await;
-        v["rping"] = r;
+        let pair = (&mut server, &mut client);
+        v["rping"] =
+            ServiceRun::pair_lifetime(&ep, "rping", started, Duration::from_secs(60), pair).await;
     }
 
     // 3. rdma-qp-churn: CHURN_CYCLES connected pairs created and destroyed, then
     //    CHURN_PAIRS held pairs on known flow labels, destroyed cleanly on request.
     {
         let started = unix_ns_now();
-        let mut p = Driven::spawn(
-            &bin("rdma-qp-churn"),
-            &[
-                "--dev-a",
-                SVC_DEVICES[0],
-                "--gid-a",
-                &gid_idx[0].to_string(),
-                "--dev-b",
-                SVC_DEVICES[1],
-                "--gid-b",
-                &gid_idx[1].to_string(),
-                "--churn",
-                &CHURN_CYCLES.to_string(),
-                "--pairs",
-                &CHURN_PAIRS.to_string(),
-                "--flow-label",
-                &CHURN_FLOW_LABEL.to_string(),
-            ]
-            .map(String::from),
-            &dir.join("qp-churn.stderr"),
+        let mut p = Driven::qp_churn(
+            dir,
+            gid_idx,
+            CHURN_CYCLES,
+            CHURN_PAIRS,
+            &["--flow-label".into(), CHURN_FLOW_LABEL.to_string()],
         )?;
         let pid: u32 = p.line("ready")?[0].parse()?;
         let churned = p.line("churned")?;

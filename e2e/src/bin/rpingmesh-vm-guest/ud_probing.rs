@@ -206,13 +206,11 @@ pub(crate) fn ud_pingpong_between(
         let tag = format!("{}-{round}", if events { "events" } else { "busy" });
         let mut sa = common.clone();
         sa.extend(["-d".into(), a.0.into(), "-g".into(), gid_a.to_string()]);
-        let mut server = Proc::spawn(
-            dir,
-            &format!("ud_pingpong-{tag}-server"),
-            None,
-            Path::new("ibv_ud_pingpong"),
-            &sa,
-        )?;
+        let side = |who: &str, args: &[String]| {
+            let name = format!("ud_pingpong-{tag}-{who}");
+            Proc::spawn(dir, &name, None, Path::new("ibv_ud_pingpong"), args)
+        };
+        let mut server = side("server", &sa)?;
         wait_listening(port, Duration::from_secs(20))?;
         let mut sb = common;
         sb.extend([
@@ -222,13 +220,7 @@ pub(crate) fn ud_pingpong_between(
             gid_b.to_string(),
             "127.0.0.1".into(),
         ]);
-        let mut client = Proc::spawn(
-            dir,
-            &format!("ud_pingpong-{tag}-client"),
-            None,
-            Path::new("ibv_ud_pingpong"),
-            &sb,
-        )?;
+        let mut client = side("client", &sb)?;
         client.wait_exit(Duration::from_secs(60));
         server.wait_exit(Duration::from_secs(5));
         let text = client.stdout();

@@ -31,36 +31,7 @@ fn cm_rc(call: &'static str, r: i32) -> Result<(), RdmaError> {
 
 /// `sockaddr_storage` of a socket address (RDMA-CM takes `struct sockaddr *`).
 fn sockaddr(a: SocketAddr) -> libc::sockaddr_storage {
-    // SAFETY: zeroed plain struct; the variant written matches the family.
-    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    match a {
-        SocketAddr::V4(v4) => {
-            let sin = libc::sockaddr_in {
-                sin_family: libc::AF_INET as libc::sa_family_t,
-                sin_port: v4.port().to_be(),
-                sin_addr: libc::in_addr {
-                    s_addr: u32::from_ne_bytes(v4.ip().octets()),
-                },
-                sin_zero: [0; 8],
-            };
-            // SAFETY: sockaddr_in fits in sockaddr_storage.
-            unsafe { ptr::write(&mut ss as *mut _ as *mut libc::sockaddr_in, sin) };
-        }
-        SocketAddr::V6(v6) => {
-            let sin6 = libc::sockaddr_in6 {
-                sin6_family: libc::AF_INET6 as libc::sa_family_t,
-                sin6_port: v6.port().to_be(),
-                sin6_flowinfo: 0,
-                sin6_addr: libc::in6_addr {
-                    s6_addr: v6.ip().octets(),
-                },
-                sin6_scope_id: v6.scope_id(),
-            };
-            // SAFETY: sockaddr_in6 fits in sockaddr_storage.
-            unsafe { ptr::write(&mut ss as *mut _ as *mut libc::sockaddr_in6, sin6) };
-        }
-    }
-    ss
+    crate::sockaddr::to_sockaddr(&a, 0).0
 }
 
 /// A CM event channel (its fd is non-blocking; waits use poll(2) with a deadline).
