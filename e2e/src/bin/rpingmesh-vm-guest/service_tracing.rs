@@ -246,38 +246,26 @@ pub(crate) fn rc_pingpong_pair(
         }
         None => Proc::spawn(dir, &name, None, Path::new("ibv_rc_pingpong"), &args),
     };
-    let server = spawn(
-        format!("{tag}-server"),
-        [
+    // Side `i` (0 the server, 1 the client) on its own device.
+    let side = |i: usize, who: &str, more: &[&str]| {
+        let mut args: Vec<String> = [
             "-d",
-            SVC_DEVICES[0],
+            SVC_DEVICES[i],
             "-g",
-            &gid_idx[0].to_string(),
+            &gid_idx[i].to_string(),
             "-p",
             &port_s,
             "-n",
             iters,
         ]
         .map(String::from)
-        .to_vec(),
-    )?;
+        .to_vec();
+        args.extend(more.iter().map(|m| m.to_string()));
+        spawn(format!("{tag}-{who}"), args)
+    };
+    let server = side(0, "server", &[])?;
     wait_listening(port, Duration::from_secs(20))?;
-    let client = spawn(
-        format!("{tag}-client"),
-        [
-            "-d",
-            SVC_DEVICES[1],
-            "-g",
-            &gid_idx[1].to_string(),
-            "-p",
-            &port_s,
-            "-n",
-            iters,
-            "127.0.0.1",
-        ]
-        .map(String::from)
-        .to_vec(),
-    )?;
+    let client = side(1, "client", &["127.0.0.1"])?;
     Ok((server, client))
 }
 
