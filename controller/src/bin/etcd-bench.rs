@@ -23,7 +23,9 @@ use serde_json::json;
 
 #[path = "controller-bench/common.rs"]
 mod common;
-use common::{emit, gid_of, percentile, registration, server, time_pinglists, Scratch};
+use common::{
+    emit, gid_of, percentile, registration, server, time_pinglists, time_registrations, Scratch,
+};
 
 const RNICS_PER_HOST: u64 = 4;
 const RNICS_PER_TOR: u64 = 10;
@@ -173,13 +175,7 @@ async fn bench_register_rpc(store: &str, srv: &ServerHandle, budget: Duration) {
         .await
         .expect("connect");
     let reg = |n: u64| registration("rpc-agent", format!("rpc-tor-{}", n / 10), 50_000_000 + n);
-    let start = Instant::now();
-    let mut calls = 0u64;
-    while start.elapsed() < budget {
-        ctl.register_agent(reg(calls)).await.expect("register");
-        calls += 1;
-    }
-    let secs = start.elapsed().as_secs_f64();
+    let (calls, secs) = time_registrations(&mut ctl, reg, u64::MAX, budget).await;
     emit(json!({
         "bench": "register_agent",
         "store": store,

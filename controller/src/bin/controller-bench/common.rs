@@ -4,7 +4,7 @@
 //! (etcd-bench takes this file with `#[path]`; not every bench uses every piece.)
 #![allow(dead_code)]
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use rpingmesh_controller::telemetry::AnalyzerMetrics;
 use rpingmesh_controller::{start, ControllerConfig, ServerHandle};
@@ -187,4 +187,21 @@ pub async fn time_pinglists(
         v.sort_unstable();
     }
     t
+}
+
+/// Sequential RegisterAgent calls `reg(0)`, `reg(1)`, ... on `srv` until `max_calls` or
+/// `budget`: (calls, seconds).
+pub async fn time_registrations(
+    ctl: &mut ControllerServiceClient<Channel>,
+    reg: impl Fn(u64) -> AgentRegistrationRequest,
+    max_calls: u64,
+    budget: Duration,
+) -> (u64, f64) {
+    let start = Instant::now();
+    let mut calls = 0u64;
+    while calls < max_calls && start.elapsed() < budget {
+        ctl.register_agent(reg(calls)).await.expect("register");
+        calls += 1;
+    }
+    (calls, start.elapsed().as_secs_f64())
 }

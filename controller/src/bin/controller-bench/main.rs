@@ -49,7 +49,9 @@ mod common;
 mod identity;
 mod impact;
 mod localize;
-use common::{emit, gid_of, percentile, registration, server, time_pinglists, XorShift};
+use common::{
+    emit, gid_of, percentile, registration, server, time_pinglists, time_registrations, XorShift,
+};
 use identity::bench_identity;
 use impact::bench_impact;
 use localize::{bench_localize, LOCALIZE_WINDOWS};
@@ -140,13 +142,7 @@ async fn bench_register(max_calls: u64, budget: Duration) {
             .await
             .expect("warm-up");
     }
-    let start = Instant::now();
-    let mut calls = 0u64;
-    while calls < max_calls && start.elapsed() < budget {
-        ctl.register_agent(reg(calls)).await.expect("register");
-        calls += 1;
-    }
-    let secs = start.elapsed().as_secs_f64();
+    let (calls, secs) = time_registrations(&mut ctl, reg, max_calls, budget).await;
     // Trivial RPC rate on the same connection type, for scale.
     let tstart = Instant::now();
     let mut trivial = 0u64;
