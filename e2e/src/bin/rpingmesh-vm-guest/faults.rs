@@ -247,7 +247,9 @@ pub(crate) async fn rdma_faults(dir: &Path) -> Result<Value> {
 
     // 3b. The MTU raised under the running agents, then a datagram longer than the
     // peer's receive slots (sized for the MTU at open): rxe puts its QP in the error
-    // state, and the agent resets it in place, QPN unchanged.
+    // state, and the agent resets it in place, QPN unchanged. (From here on probes may be
+    // lost on purpose: the port-down checks end at this phase.)
+    phases.insert("mtu_raised", unix_ns_now());
     set_mtu(&[FAULT_NETDEVS[0], FAULT_NETDEVS[1]], 9000)?;
     let mtus = [
         wait_active_mtu(FAULT_DEVICES[0], 4096).await,
